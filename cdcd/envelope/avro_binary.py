@@ -1,0 +1,96 @@
+"""Avro binary encoding primitives (Avro 1.11 spec, "Binary Encoding").
+
+cdcd writes Avro bytes directly from the bytes PostgreSQL sent instead of
+building Python dicts for a generic writer: a text column becomes a length
+prefix plus the very UTF-8 bytes PostgreSQL sent. These primitives are the
+only place that knows the encoding rules; plain fastavro decodes everything
+they produce (the tests check that).
+
+* int and long: zig-zag, then little-endian base-128 varint.
+* bytes and string: a long length, then the bytes.
+* float/double: little-endian IEEE 754.
+* union: the long index of the branch, then the value.
+* array: blocks of (long count, items), ended by a zero count.
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+
+_FLOAT = Struct("<f")
+_DOUBLE = Struct("<d")
+_LONG_MIN = -(1 << 63)
+_LONG_MAX = (1 << 63) - 1
+
+#: Pre-encoded zig-zag varints for -64..63, the common small values.
+_SMALL: dict[int, bytes] = {n: bytes([((n << 1) ^ (n >> 63)) & 0xFF]) for n in range(-64, 64)}
+
+NULL_BRANCH = b"\x00"  # union index 0: the "null" branch of ["null", T]
+VALUE_BRANCH = b"\x02"  # union index 1: the T branch of ["null", T]
+EMPTY_ARRAY = b"\x00"
+TRUE = b"\x01"
+FALSE = b"\x00"
+
+
+def encode_long(value: int) -> bytes:
+    """Zig-zag varint of an int or long; raises OverflowError outside int64."""
+    small = _SMALL.get(value)
+    if small is not None:
+        return small
+    if not _LONG_MIN <= value <= _LONG_MAX:
+        raise OverflowError(f"{value} does not fit an Avro long")
+    n = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_bytes(value: bytes) -> bytes:
+    """Avro bytes (or string, given its UTF-8 bytes): length then content."""
+    return encode_long(len(value)) + value
+
+
+def encode_string(value: str) -> bytes:
+    return encode_bytes(value.encode("utf-8"))
+
+
+def encode_float(value: float) -> bytes:
+    return _FLOAT.pack(value)
+
+
+def encode_double(value: float) -> bytes:
+    return _DOUBLE.pack(value)
+
+
+def encode_boolean(value: bool) -> bytes:
+    return TRUE if value else FALSE
+
+
+def encode_array(items: list[bytes]) -> bytes:
+    """One block holding every already-encoded item, then the end marker."""
+    if not items:
+        return EMPTY_ARRAY
+    return encode_long(len(items)) + b"".join(items) + EMPTY_ARRAY
+
+
+def encode_decimal(unscaled: int) -> bytes:
+    """Avro ``decimal`` on ``bytes``: two's-complement big-endian unscaled value, minimal length."""
+    length = (unscaled + (unscaled < 0)).bit_length() // 8 + 1
+    return encode_bytes(unscaled.to_bytes(length, "big", signed=True))
+
+
+def decode_long(buf: bytes, pos: int = 0) -> tuple[int, int]:
+    """Read one zig-zag varint; returns (value, next position). For tests and tools."""
+    shift = 0
+    result = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    return (result >> 1) ^ -(result & 1), pos

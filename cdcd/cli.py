@@ -1,11 +1,153 @@
-"""Command line (SPEC §2). Filled in by later work; every command exists from the start."""
+"""Command line (SPEC §2): ``cdcd run | check | schemas | demo | bench | mirror | snapshot``.
+
+Errors are one line on stderr naming the field, table or server and what to
+do; ``--debug`` adds the traceback. Exit codes: 0 ok, 1 runtime failure,
+2 usage or configuration error.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from cdcd import __version__
+from cdcd.config.model import CdcdConfig, load_config
+from cdcd.errors import CdcdError, ConfigError, DefiniteError
+
+log = logging.getLogger("cdcd.cli")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    print(f"cdcd: {' '.join(args) or '(no command)'}: not yet implemented", file=sys.stderr)
-    return 1
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line with exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}", hint=f"see '{self.prog} --help'")
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", required=True, metavar="FILE", help="YAML configuration")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cdcd", description="PostgreSQL change data capture to Kafka")
+    parser.add_argument("--version", action="version", version=f"cdcd {__version__}")
+    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the daemon until SIGTERM/SIGINT")
+    _config_arg(run)
+    check = sub.add_parser("check", help="validate the file and the environment")
+    _config_arg(check)
+    schemas = sub.add_parser("schemas", help="print the key and value Avro schemas per table")
+    _config_arg(schemas)
+    demo = sub.add_parser("demo", help="throwaway PostgreSQL + broker + sample workload")
+    demo.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    bench = sub.add_parser("bench", help="the benchmark of SPEC §9")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    mirror = sub.add_parser("mirror", help="keep Parquet mirrors of the tables with Spark")
+    _config_arg(mirror)
+    mirror.add_argument("--output", required=True, metavar="DIR")
+    mirror.add_argument("--once", action="store_true")
+    snapshot = sub.add_parser("snapshot", help="request an incremental snapshot of a table")
+    _config_arg(snapshot)
+    snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE")
+    return parser
+
+
+def _setup_logging(config: CdcdConfig | None, debug: bool) -> None:
+    from cdcd.observability.logging import setup_logging
+
+    if config is None:
+        setup_logging("text", "DEBUG" if debug else "INFO")
+    else:
+        setup_logging(config.metrics.log_format, "DEBUG" if debug else config.metrics.log_level)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cdcd.daemon import Daemon
+
+    config = load_config(args.config)
+    _setup_logging(config, args.debug)
+    daemon = Daemon(config)
+    daemon.install_signal_handlers()
+    return daemon.run()
+
+
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from cdcd.check import table_schemas
+
+    config = load_config(args.config)
+    for entry in table_schemas(config):
+        print(json.dumps(entry, indent=2))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from cdcd.check import run_checks
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"FAIL config: {exc}")
+        return 1
+    print(f"ok   config: {args.config}")
+    failed = 0
+    for ok, line in run_checks(config):
+        print(f"{'ok  ' if ok else 'FAIL'} {line}", flush=True)
+        failed += not ok
+    return 1 if failed else 0
+
+
+def _not_yet(name: str) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        raise DefiniteError(f"'cdcd {name}' is not implemented in this version", hint="see README")
+
+    return command
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "run": cmd_run,
+        "check": cmd_check,
+        "schemas": cmd_schemas,
+    }
+    if name == "demo":
+        try:
+            from cdcd.demo import cmd_demo  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            return _not_yet(name)
+        return cmd_demo  # type: ignore[no-any-return,unused-ignore]
+    if name == "bench":
+        try:
+            from cdcd.bench import cmd_bench  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            return _not_yet(name)
+        return cmd_bench  # type: ignore[no-any-return,unused-ignore]
+    if name == "mirror":
+        try:
+            from cdcd.spark.cli import cmd_mirror  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            return _not_yet(name)
+        return cmd_mirror  # type: ignore[no-any-return,unused-ignore]
+    return commands.get(name, _not_yet(name))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_list
+    try:
+        args = build_parser().parse_args(args_list)
+        if args.command not in ("run",):
+            _setup_logging(None, debug)
+        return _command(args.command)(args)
+    except CdcdError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"cdcd: error: {exc}".replace("\n", " "), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -175,7 +175,7 @@ def _server_env() -> dict[str, str]:
     would otherwise leak into ``pg_ctl`` and the server.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env.setdefault("LC_ALL", "C")
+    env["LC_ALL"] = "C"  # English messages: start errors are recognised by text
     return env
 
 
@@ -221,9 +221,11 @@ class LocalPostgres:
 
         ``settings`` adds to or overrides :data:`DEFAULT_SETTINGS` (for example
         ``{"logical_decoding_work_mem": "64kB"}`` or ``{"wal_level": "replica"}``).
-        ``base_dir`` is created if missing and must be reachable by the
-        ``postgres`` user when running as root; by default a fresh directory
-        under ``/tmp`` is used and removed again by :meth:`cleanup`.
+        ``base_dir`` is created if missing, must be empty, and when running as
+        root is handed to the ``postgres`` user (so its parents must be
+        traversable by that user); :meth:`cleanup` then removes only what was
+        created inside it. By default a fresh directory under ``/tmp`` is used
+        and removed entirely.
         """
         bindir = find_bindir()
         run_as = _server_user()
@@ -528,10 +530,17 @@ class LocalPostgres:
         """Drop ``name`` with everything that would block it.
 
         Logical slots on the database block ``DROP DATABASE``; active ones are
-        held by a walsender, which is terminated first. ``WITH (FORCE)``
-        terminates the remaining sessions.
+        held by a walsender, which is terminated first. Prepared transactions
+        block it too and can only be rolled back from inside the database.
+        ``WITH (FORCE)`` terminates the remaining sessions.
         """
         with self.connection() as conn, conn.cursor() as cur:
+            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,))
+            gids = [row[0] for row in cur.fetchall()]
+            if gids:
+                with self.connection(name) as db_conn, db_conn.cursor() as db_cur:
+                    for gid in gids:
+                        db_cur.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
             for _ in range(50):
                 cur.execute(
                     "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
@@ -598,8 +607,22 @@ class LocalPostgres:
         """Start a stopped cluster on the same port (after :meth:`stop`)."""
         if self._cleaned:
             raise PostgresSetupError("cluster was cleaned up; create a new one")
-        if not self.running:
-            self._launch()
+        if self.running:
+            return
+        # After a crash (SIGKILL of the postmaster) its children may still be
+        # attached to shared memory for a moment: the new postmaster refuses
+        # to start until they have gone.
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            try:
+                self._launch()
+                return
+            except PostgresSetupError as exc:
+                if "pre-existing shared memory block" not in str(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def restart(self, mode: Literal["smart", "fast", "immediate"] = "fast") -> None:
         """Stop and start on the same port.

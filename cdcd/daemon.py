@@ -1,0 +1,120 @@
+"""The daemon around replication sessions: signals, retries, health, systemd.
+
+``run`` keeps one ``Session`` going until SIGTERM/SIGINT. A session that
+fails with a ``TransientError`` (PostgreSQL restarting, connection lost,
+broker unavailable, a delivery that timed out) is replaced by a new one after
+a capped exponential backoff; it resumes at the slot's confirmed position, so
+nothing is lost and at most the unconfirmed tail is delivered twice. A
+``DefiniteError`` ends the daemon with exit code 1 and one line that says what
+to change. On a stop signal the session drains in-flight messages, confirms
+what was delivered and the daemon exits 0.
+
+Under systemd (``Type=notify``) the daemon reports READY once streaming,
+pings the watchdog from the main loop (so a wedged loop gets restarted) and
+reports STOPPING on shutdown; without systemd these are no-ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from cdcd.config.model import CdcdConfig
+from cdcd.errors import DefiniteError, TransientError
+from cdcd.observability import systemd
+from cdcd.observability.http import Health, MetricsServer
+from cdcd.observability.http import start as start_http
+from cdcd.observability.metrics import Metrics
+from cdcd.pipeline.session import Session, SessionState
+
+log = logging.getLogger("cdcd.daemon")
+
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 30.0
+#: A session that streamed this long resets the backoff.
+BACKOFF_RESET_AFTER_S = 60.0
+
+
+class _DaemonState(SessionState):
+    """Session state whose heartbeat also feeds /healthz and the systemd watchdog."""
+
+    def __init__(self, health: Health, watchdog: systemd.Watchdog) -> None:
+        super().__init__()
+        self._health = health
+        self._watchdog = watchdog
+
+    def beat(self) -> None:
+        super().beat()
+        self._health.beat()
+        self._watchdog.kick()
+
+
+class Daemon:
+    def __init__(self, config: CdcdConfig, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.health = Health()
+        self.stop = threading.Event()
+        self.state = _DaemonState(self.health, systemd.Watchdog())
+        self._ready_notified = False
+        self.server: MetricsServer | None = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stop.is_set():
+            log.info("received %s: draining and stopping", signal.Signals(signum).name)
+            systemd.notify_stopping("draining in-flight messages")
+        self.stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_streaming(self, streaming: bool) -> None:
+        self.health.set_ready(streaming, None if streaming else "not streaming")
+        if streaming and not self._ready_notified:
+            systemd.notify_ready("streaming")
+            self._ready_notified = True
+
+    def run(self) -> int:
+        """Run sessions until stopped; returns the exit code."""
+        try:
+            self.server = start_http(self.config.metrics.listen, self.metrics, self.health)
+        except OSError as exc:
+            raise DefiniteError(
+                f"cannot listen on metrics.listen {self.config.metrics.listen}: {exc.strerror}",
+                hint="choose a free metrics.listen address",
+            ) from exc
+        backoff = BACKOFF_INITIAL_S
+        try:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                session = Session(
+                    self.config, self.stop, self.metrics, self.state, self._on_streaming
+                )
+                try:
+                    session.run()
+                except TransientError as exc:
+                    if self.stop.is_set():
+                        break
+                    if time.monotonic() - started > BACKOFF_RESET_AFTER_S:
+                        backoff = BACKOFF_INITIAL_S
+                    reason = type(exc.__cause__ or exc).__name__
+                    self.metrics.reconnect(reason)
+                    log.warning("%s; reconnecting in %.0f s", exc, backoff)
+                    self.health.set_ready(False, f"reconnecting: {exc}")
+                    # Waiting on the event keeps the stop signal responsive.
+                    deadline = time.monotonic() + backoff
+                    while not self.stop.is_set() and time.monotonic() < deadline:
+                        self.state.beat()
+                        self.stop.wait(min(1.0, deadline - time.monotonic()))
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                    continue
+                break
+        finally:
+            self.health.set_ready(False, "stopped")
+            if self.server is not None:
+                self.server.stop()
+        return 0

@@ -1,0 +1,295 @@
+"""Change envelopes written as Avro bytes straight from pgoutput's bytes.
+
+For each table version an ``TableEncoder`` is prepared once: per column the
+codec's text/binary converter and the union branch byte, the constant part of
+the ``source`` record (version, connector, name, db, schema, table), and the
+wire-format headers of its key and value schemas. Per transaction a
+``TxnStamp`` holds the bytes shared by all of its changes (txId, commit LSN,
+commit time, processing time). Per change only the row columns are converted.
+
+Envelope rules (SPEC §4, §5):
+
+* insert ``c``: before null, after = new row.
+* update ``u``: before = the old image PostgreSQL sent (key columns with the
+  default identity when the key changed, the whole row with FULL), else null.
+  When the key changed, the update is published as a delete of the old key
+  (plus tombstone) and a create under the new key, as Debezium does, so that
+  per-key consumers and log compaction stay correct.
+* delete ``d``: before = old image, after null; then a tombstone (same key,
+  null value) when the table has a key.
+* truncate ``t``: before and after null, null key.
+* unchanged TOAST (``u`` in TupleData): null in ``after`` and named in
+  ``unchanged_toast`` — unless the old image (REPLICA IDENTITY FULL) carries
+  the value, which is then used and not listed.
+
+A value that cannot be converted is an ``EncodeError`` naming table, column
+and LSN; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cdcd import __version__
+from cdcd.decode.relations import TableVersion
+from cdcd.envelope.avro_binary import (
+    FALSE,
+    NULL_BRANCH,
+    TRUE,
+    VALUE_BRANCH,
+    encode_long,
+    encode_string,
+)
+from cdcd.envelope.schemas import envelope_schema, key_schema
+from cdcd.envelope.wire import WireFormat
+from cdcd.errors import EncodeError
+from cdcd.protocol.lsn import Lsn
+from cdcd.protocol.messages import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED_TOAST,
+    TupleData,
+)
+from cdcd.sink.topics import table_topic
+
+OP_CREATE = encode_string("c")
+OP_UPDATE = encode_string("u")
+OP_DELETE = encode_string("d")
+OP_READ = encode_string("r")
+OP_TRUNCATE = encode_string("t")
+
+
+@dataclass(frozen=True, slots=True)
+class TxnStamp:
+    """The per-transaction bytes shared by every change of one transaction."""
+
+    xid: int
+    lsn: Lsn  # commit LSN
+    commit_ts_ms: int
+    snapshot: bool
+    lsn_header: bytes  # ``cdcd.lsn`` header value, X/XXXXXXXX
+    ts_ms: bytes  # processing time
+    txid_lsn: bytes  # source.txId + source.lsn
+    tail: bytes  # source.ts_ms + source.snapshot
+
+
+def make_stamp(xid: int, lsn: Lsn, commit_ts_ms: int, snapshot: bool = False) -> TxnStamp:
+    return TxnStamp(
+        xid=xid,
+        lsn=lsn,
+        commit_ts_ms=commit_ts_ms,
+        snapshot=snapshot,
+        lsn_header=str(Lsn(lsn)).encode("ascii"),
+        ts_ms=encode_long(time.time_ns() // 1_000_000),
+        txid_lsn=encode_long(xid) + encode_long(int(lsn)),
+        tail=encode_long(commit_ts_ms) + (TRUE if snapshot else FALSE),
+    )
+
+
+class TableEncoder:
+    """Prepared encoder for one table version."""
+
+    __slots__ = (
+        "_binary",
+        "_branches",
+        "_key_indexes",
+        "_names",
+        "_source_prefix",
+        "_text",
+        "key_header",
+        "key_schema",
+        "table",
+        "topic",
+        "value_header",
+        "value_schema",
+    )
+
+    def __init__(
+        self, table: TableVersion, topic: str, server_name: str, database: str, wire: WireFormat
+    ) -> None:
+        self.table = table
+        self.topic = topic
+        self.key_schema = key_schema(topic, table)
+        self.value_schema = envelope_schema(topic, table)
+        self.key_header = (
+            wire.header(topic, "key", self.key_schema) if self.key_schema is not None else b""
+        )
+        self.value_header = wire.header(topic, "value", self.value_schema)
+        keys = set(table.key_indexes)
+        self._key_indexes = table.key_indexes
+        self._names = table.column_names
+        self._text: tuple[Callable[[bytes], bytes], ...] = tuple(c.from_text for c in table.codecs)
+        self._binary: tuple[Callable[[bytes], bytes], ...] = tuple(
+            c.from_binary for c in table.codecs
+        )
+        self._branches = tuple(
+            b"" if i in keys else VALUE_BRANCH for i in range(len(table.columns))
+        )
+        self._source_prefix = b"".join(
+            encode_string(s)
+            for s in (__version__, "cdcd", server_name, database, table.schema, table.table)
+        )
+
+    # -- rows -----------------------------------------------------------------
+
+    def _row(self, data: TupleData, fill: TupleData | None, stamp: TxnStamp) -> tuple[bytes, list[str]]:
+        """The row record's bytes and the names of unchanged TOAST columns."""
+        if len(data.kinds) != len(self._names):
+            raise EncodeError(
+                f"{self.table.qualified_name}: row has {len(data.kinds)} columns, relation has "
+                f"{len(self._names)} (LSN {stamp.lsn})",
+                hint="this is a bug; report it",
+            )
+        parts: list[bytes] = []
+        append = parts.append
+        toast: list[str] = []
+        try:
+            for i, kind in enumerate(data.kinds):
+                if kind == KIND_TEXT:
+                    append(self._branches[i])
+                    append(self._text[i](data.values[i]))  # type: ignore[arg-type]
+                elif kind == KIND_NULL:
+                    if not self._branches[i]:
+                        raise ValueError("null in a key column")
+                    append(NULL_BRANCH)
+                elif kind == KIND_BINARY:
+                    append(self._branches[i])
+                    append(self._binary[i](data.values[i]))  # type: ignore[arg-type]
+                elif kind == KIND_UNCHANGED_TOAST:
+                    old_kind = fill.kinds[i] if fill is not None else KIND_UNCHANGED_TOAST
+                    if old_kind == KIND_TEXT:
+                        append(self._branches[i])
+                        append(self._text[i](fill.values[i]))  # type: ignore[union-attr,arg-type]
+                    elif old_kind == KIND_BINARY:
+                        append(self._branches[i])
+                        append(self._binary[i](fill.values[i]))  # type: ignore[union-attr,arg-type]
+                    else:
+                        append(NULL_BRANCH)
+                        toast.append(self._names[i])
+        except (ValueError, OverflowError, TypeError) as exc:
+            column = self._names[_failed_column(self, data, fill)]
+            raise EncodeError(
+                f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
+                hint="fix or remove the value, or exclude the table; cdcd stops rather than skip it",
+            ) from exc
+        return b"".join(parts), toast
+
+    def key(self, data: TupleData, stamp: TxnStamp) -> bytes | None:
+        """The Kafka key from a row image, or None for tables without a key."""
+        if not self._key_indexes:
+            return None
+        parts = [self.key_header]
+        try:
+            for i in self._key_indexes:
+                kind = data.kinds[i]
+                if kind == KIND_TEXT:
+                    parts.append(self._text[i](data.values[i]))  # type: ignore[arg-type]
+                elif kind == KIND_BINARY:
+                    parts.append(self._binary[i](data.values[i]))  # type: ignore[arg-type]
+                else:
+                    raise ValueError(f"key column sent as {chr(kind)!r}")
+        except (ValueError, OverflowError, TypeError) as exc:
+            raise EncodeError(
+                f"{self.table.qualified_name}: cannot encode key at LSN {stamp.lsn}: {exc}",
+                hint="check the table's replica identity",
+            ) from exc
+        return b"".join(parts)
+
+    def key_changed(self, old: TupleData, new: TupleData) -> bool:
+        for i in self._key_indexes:
+            if old.kinds[i] != new.kinds[i] or old.values[i] != new.values[i]:
+                return True
+        return False
+
+    # -- envelopes ------------------------------------------------------------
+
+    def envelope(
+        self,
+        op: bytes,
+        before: TupleData | None,
+        after: TupleData | None,
+        stamp: TxnStamp,
+        seq: int,
+    ) -> bytes:
+        """The value bytes of one change (wire header included)."""
+        parts = [self.value_header]
+        if before is None:
+            parts.append(NULL_BRANCH)
+        else:
+            row, _ = self._row(before, None, stamp)
+            parts.append(VALUE_BRANCH)
+            parts.append(row)
+        toast: list[str] = []
+        if after is None:
+            parts.append(NULL_BRANCH)
+        else:
+            row, toast = self._row(after, before, stamp)
+            parts.append(VALUE_BRANCH)
+            parts.append(row)
+        parts.append(op)
+        parts.append(stamp.ts_ms)
+        parts.append(self._source_prefix)
+        parts.append(stamp.txid_lsn)
+        parts.append(encode_long(seq))
+        parts.append(stamp.tail)
+        if toast:
+            parts.append(encode_long(len(toast)))
+            parts.extend(encode_string(name) for name in toast)
+        parts.append(b"\x00")
+        return b"".join(parts)
+
+
+def _failed_column(encoder: TableEncoder, data: TupleData, fill: TupleData | None) -> int:
+    """Find which column fails to convert (slow path, only after an error)."""
+    for i, kind in enumerate(data.kinds):
+        value = data.values[i]
+        if kind == KIND_UNCHANGED_TOAST and fill is not None:
+            kind, value = fill.kinds[i], fill.values[i]
+        try:
+            if kind == KIND_TEXT:
+                encoder._text[i](value)  # type: ignore[arg-type]
+            elif kind == KIND_BINARY:
+                encoder._binary[i](value)  # type: ignore[arg-type]
+            elif kind == KIND_NULL and not encoder._branches[i]:
+                return i
+        except (ValueError, OverflowError, TypeError):
+            return i
+    return 0
+
+
+class EnvelopeEncoder:
+    """Table encoders by relation version; builds each once, on first use."""
+
+    def __init__(self, topic_prefix: str, database: str, wire: WireFormat) -> None:
+        self.topic_prefix = topic_prefix
+        self.database = database
+        self.wire = wire
+        self._encoders: dict[tuple[int, int], TableEncoder] = {}
+
+    def topic_for(self, schema: str, table: str) -> str:
+        return table_topic(self.topic_prefix, schema, table)
+
+    def for_table(self, table: TableVersion) -> TableEncoder:
+        key = (table.relation_id, table.version)
+        encoder = self._encoders.get(key)
+        if encoder is None:
+            encoder = TableEncoder(
+                table,
+                self.topic_for(table.schema, table.table),
+                self.topic_prefix,
+                self.database,
+                self.wire,
+            )
+            # Older versions of the same relation are never used again.
+            for old in [k for k in self._encoders if k[0] == table.relation_id]:
+                del self._encoders[old]
+            self._encoders[key] = encoder
+        return encoder
+
+    def schemas(self, table: TableVersion) -> dict[str, Any]:
+        topic = self.topic_for(table.schema, table.table)
+        return {"topic": topic, "key": key_schema(topic, table), "value": envelope_schema(topic, table)}

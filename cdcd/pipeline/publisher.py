@@ -1,0 +1,292 @@
+"""The publisher: committed transactions in, Kafka messages out, tickets for the tracker.
+
+It implements ``cdcd.decode.transactions.ChangeSink``. For each transaction it
+opens a ticket with the ack tracker, produces every message with that
+ticket's delivery callback and the ``cdcd.lsn``/``cdcd.seq`` headers, and
+seals the ticket with the commit's end LSN, so the slot is confirmed only once
+Kafka acknowledged the transaction and everything before it.
+
+``cdcd.seq`` numbers every message of a transaction from 0 in production
+order (a delete's tombstone has its own number), so the pair
+(``cdcd.lsn``, ``cdcd.seq``) is unique and increases in commit order; a replay
+after a crash repeats the same pairs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from cdcd.ack.tracker import AckTracker, Hold, TxnTicket
+from cdcd.decode.relations import TableVersion
+from cdcd.envelope.encoder import (
+    OP_CREATE,
+    OP_DELETE,
+    OP_TRUNCATE,
+    OP_UPDATE,
+    EnvelopeEncoder,
+    TableEncoder,
+    TxnStamp,
+    make_stamp,
+)
+from cdcd.envelope.records import (
+    MESSAGE_KEY_SCHEMA,
+    MESSAGE_VALUE_SCHEMA,
+    TRANSACTION_KEY_SCHEMA,
+    TRANSACTION_VALUE_SCHEMA,
+    encode_record,
+)
+from cdcd.envelope.wire import WireFormat
+from cdcd.errors import DefiniteError
+from cdcd.observability.metrics import Metrics, TableMetrics
+from cdcd.protocol.lsn import Lsn
+from cdcd.protocol.messages import (
+    Delete,
+    Insert,
+    LogicalMessage,
+    Truncate,
+    Update,
+    pg_timestamp_to_unix_ms,
+)
+
+HEARTBEAT_PREFIX = "cdcd.heartbeat"
+Headers = list[tuple[str, bytes]]
+
+
+class Producer(Protocol):
+    """What the publisher needs of a Kafka sink (``cdcd.sink.producer.KafkaSink``)."""
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        on_delivery: Callable[[Any, Any], None],
+    ) -> None: ...
+
+
+class Publisher:
+    """Encodes and produces committed transactions; see the module docstring."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        tracker: AckTracker,
+        encoder: EnvelopeEncoder,
+        wire: WireFormat,
+        *,
+        include: Callable[[str, str], bool],
+        ensure_topic: Callable[[str], None],
+        metrics: Metrics | None = None,
+        transaction_records: bool = False,
+    ) -> None:
+        self._producer = producer
+        self._tracker = tracker
+        self._encoder = encoder
+        self._wire = wire
+        self._include = include
+        self._ensure_topic = ensure_topic
+        self._metrics = metrics
+        self._transaction_records = transaction_records
+        self._prefix = encoder.topic_prefix
+        self._message_topic = f"{self._prefix}.message"
+        self._transaction_topic = f"{self._prefix}.transaction"
+        self._ticket: TxnTicket | None = None
+        self._stamp: TxnStamp | None = None
+        self._seq = 0
+        self._holds: dict[str, Hold] = {}
+        self._included: dict[tuple[int, int], TableEncoder | None] = {}
+        self._table_metrics: dict[str, TableMetrics] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._topics_ready: set[str] = set()
+        self.transactions = 0
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _table(self, table: TableVersion) -> TableEncoder | None:
+        key = (table.relation_id, table.version)
+        if key in self._included:
+            return self._included[key]
+        encoder = None
+        if self._include(table.schema, table.table):
+            topic = self._encoder.topic_for(table.schema, table.table)
+            self._topic(topic)
+            encoder = self._encoder.for_table(table)
+            if self._metrics is not None:
+                self._table_metrics[table.qualified_name] = self._metrics.table(table.qualified_name)
+                self._metrics.delivery_errors_for(topic)
+        self._included[key] = encoder
+        return encoder
+
+    def _topic(self, topic: str) -> None:
+        if topic not in self._topics_ready:
+            self._ensure_topic(topic)
+            self._topics_ready.add(topic)
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        ticket = self._ticket
+        stamp = self._stamp
+        if ticket is None or stamp is None:
+            raise DefiniteError("change outside a transaction", hint="this is a bug; report it")
+        headers = [("cdcd.lsn", stamp.lsn_header), ("cdcd.seq", str(self._seq).encode("ascii"))]
+        self._seq += 1
+        ticket.add()
+        self._producer.produce(topic, key, value, headers, ticket.on_delivery)
+
+    def _count(self, table: TableVersion, op: str) -> None:
+        name = table.qualified_name
+        self._counts[(name, op)] = self._counts.get((name, op), 0) + 1
+
+    # -- ChangeSink -----------------------------------------------------------------
+
+    def begin_transaction(self, xid: int, commit_lsn: Lsn, commit_ts: int) -> None:
+        commit_ms = pg_timestamp_to_unix_ms(commit_ts)
+        self._ticket = self._tracker.open(commit_ts=commit_ms)
+        self._stamp = make_stamp(xid, commit_lsn, commit_ms)
+        self._seq = 0
+        if self._transaction_records:
+            self._transaction_record("BEGIN", None)
+
+    def row(self, table: TableVersion, message: Insert | Update | Delete) -> None:
+        encoder = self._table(table)
+        if encoder is None:
+            return
+        stamp = self._stamp
+        assert stamp is not None
+        topic = encoder.topic
+        kind = type(message)
+        if kind is Insert:
+            new = message.new  # type: ignore[union-attr]
+            self._send(topic, encoder.key(new, stamp), encoder.envelope(OP_CREATE, None, new, stamp, self._seq))
+            self._count(table, "c")
+        elif kind is Update:
+            old, new = message.old, message.new  # type: ignore[union-attr]
+            if old is not None and encoder.key_schema is not None and encoder.key_changed(old, new):
+                # The key changed: a delete (plus tombstone) under the old key
+                # and a create under the new one, as Debezium publishes it.
+                old_key = encoder.key(old, stamp)
+                self._send(topic, old_key, encoder.envelope(OP_DELETE, old, None, stamp, self._seq))
+                self._send(topic, old_key, None)
+                self._send(
+                    topic, encoder.key(new, stamp), encoder.envelope(OP_CREATE, None, new, stamp, self._seq)
+                )
+                self._count(table, "d")
+                self._count(table, "c")
+            else:
+                self._send(topic, encoder.key(new, stamp), encoder.envelope(OP_UPDATE, old, new, stamp, self._seq))
+                self._count(table, "u")
+        else:
+            old = message.old  # type: ignore[union-attr]
+            assert old is not None
+            key = encoder.key(old, stamp)
+            self._send(topic, key, encoder.envelope(OP_DELETE, old, None, stamp, self._seq))
+            if key is not None:
+                self._send(topic, key, None)
+            self._count(table, "d")
+
+    def truncate(self, tables: tuple[TableVersion, ...], message: Truncate) -> None:
+        stamp = self._stamp
+        assert stamp is not None
+        for table in tables:
+            encoder = self._table(table)
+            if encoder is None:
+                continue
+            self._send(encoder.topic, None, encoder.envelope(OP_TRUNCATE, None, None, stamp, self._seq))
+            self._count(table, "t")
+
+    def logical_message(self, message: LogicalMessage) -> None:
+        if message.prefix == HEARTBEAT_PREFIX:
+            return
+        stamp = self._stamp
+        assert stamp is not None
+        self._message(message, stamp.xid, stamp.lsn)
+
+    def _message(self, message: LogicalMessage, xid: int | None, commit_lsn: Lsn | None) -> None:
+        self._topic(self._message_topic)
+        key = self._wire.header(self._message_topic, "key", MESSAGE_KEY_SCHEMA) + encode_record(
+            MESSAGE_KEY_SCHEMA, {"prefix": message.prefix}
+        )
+        value = self._wire.header(self._message_topic, "value", MESSAGE_VALUE_SCHEMA) + encode_record(
+            MESSAGE_VALUE_SCHEMA,
+            {
+                "prefix": message.prefix,
+                "content": message.content,
+                "transactional": message.transactional,
+                "lsn": int(message.lsn),
+                "txId": xid,
+                "commit_lsn": int(commit_lsn) if commit_lsn is not None else None,
+                "ts_ms": time.time_ns() // 1_000_000,
+            },
+        )
+        self._send(self._message_topic, key, value)
+
+    def _transaction_record(self, status: str, collections: dict[str, int] | None) -> None:
+        stamp = self._stamp
+        assert stamp is not None
+        topic = self._transaction_topic
+        self._topic(topic)
+        key = self._wire.header(topic, "key", TRANSACTION_KEY_SCHEMA) + encode_record(
+            TRANSACTION_KEY_SCHEMA, {"id": str(stamp.xid)}
+        )
+        value = self._wire.header(topic, "value", TRANSACTION_VALUE_SCHEMA) + encode_record(
+            TRANSACTION_VALUE_SCHEMA,
+            {
+                "status": status,
+                "id": str(stamp.xid),
+                "lsn": int(stamp.lsn),
+                "event_count": None if collections is None else sum(collections.values()),
+                "data_collections": None
+                if collections is None
+                else [{"data_collection": k, "event_count": v} for k, v in sorted(collections.items())],
+                "ts_ms": time.time_ns() // 1_000_000,
+            },
+        )
+        self._send(topic, key, value)
+
+    def commit_transaction(self, end_lsn: Lsn) -> None:
+        ticket = self._ticket
+        if ticket is None:
+            raise DefiniteError("commit outside a transaction", hint="this is a bug; report it")
+        if self._transaction_records:
+            per_table: dict[str, int] = {}
+            for (name, _op), count in self._counts.items():
+                per_table[name] = per_table.get(name, 0) + count
+            self._transaction_record("END", per_table)
+        ticket.seal(end_lsn)
+        self._ticket = None
+        self._stamp = None
+        self.transactions += 1
+        if self._metrics is not None:
+            self._metrics.transactions.inc()
+            for (name, op), count in self._counts.items():
+                tm = self._table_metrics.get(name)
+                if tm is not None:
+                    tm.events[op].inc(count)
+        self._counts.clear()
+
+    def standalone_message(self, message: LogicalMessage) -> None:
+        """A non-transactional message: its own one-message ticket, sealed at its LSN."""
+        self._ticket = self._tracker.open(commit_ts=None)
+        self._stamp = make_stamp(0, message.lsn, int(time.time() * 1000))
+        self._seq = 0
+        if message.prefix == HEARTBEAT_PREFIX:
+            if self._metrics is not None:
+                self._metrics.heartbeats.inc()
+        else:
+            self._message(message, None, None)
+        self._ticket.seal(message.lsn)
+        self._ticket = None
+        self._stamp = None
+
+    def hold_prepared(self, gid: str, prepare_lsn: Lsn) -> None:
+        self._holds[gid] = self._tracker.hold(prepare_lsn)
+
+    def release_prepared(self, gid: str) -> None:
+        hold = self._holds.pop(gid, None)
+        if hold is not None:
+            self._tracker.release(hold)
+
+    def relation_changed(self, table: TableVersion) -> None:
+        self._table(table)

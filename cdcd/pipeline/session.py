@@ -1,0 +1,332 @@
+"""One replication session: connect, stream, publish, confirm — until stopped or failed.
+
+The loop is single-threaded on purpose: reading the walsender, decoding,
+producing, serving delivery reports and confirming all happen on one thread,
+so the ack tracker needs no locks and ordering is obvious. Between messages
+the loop serves delivery reports every few hundred messages and whenever the
+socket is idle; it sends a standby status update (flush = the tracker's
+confirmed LSN) every ``status_interval_s`` — also while blocked on a full
+producer queue, so the walsender does not time the session out during a
+broker outage.
+
+When nothing is in flight and no transaction is partly received, the
+server's ``wal_end`` (from keepalives) is confirmed, so an idle slot does not
+pin WAL; heartbeats (``pg_logical_emit_message``) give the slot a position in
+this database when only other databases write.
+
+A session ends by returning (stop requested: drained and confirmed) or by
+raising ``TransientError`` (the daemon reconnects after a backoff and resumes
+at the slot's confirmed position) or ``DefiniteError`` (the daemon exits 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from cdcd.source.catalog import PgCatalog, column_dimensions
+
+from cdcd.ack.tracker import AckTracker, TxnTicket
+from cdcd.config.model import CdcdConfig
+from cdcd.decode.relations import RelationCache
+from cdcd.decode.transactions import TransactionAssembler
+from cdcd.envelope.encoder import EnvelopeEncoder
+from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat
+from cdcd.errors import CdcdError, TransientError
+from cdcd.observability.metrics import Metrics
+from cdcd.pipeline.publisher import HEARTBEAT_PREFIX, Publisher
+from cdcd.protocol.decoder import PgOutputDecoder
+from cdcd.protocol.lsn import Lsn
+from cdcd.sink.producer import KafkaSink, build_producer_config
+from cdcd.sink.topics import TopicSpec, ensure_topics
+from cdcd.source.database import SourceDatabase, split_table
+from cdcd.source.replication import ReplicationStream
+
+log = logging.getLogger("cdcd.pipeline")
+
+_POLL_EVERY = 256  # messages between delivery-report polls
+_DRAIN_TIMEOUT_S = 30.0
+_LAG_SAMPLE_S = 5.0
+
+
+class SessionState:
+    """What the daemon and health checks observe of the running session."""
+
+    def __init__(self) -> None:
+        self.streaming = False
+        self.last_beat = time.monotonic()
+        self.confirmed: Lsn | None = None
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+
+class Session:
+    """One connect-stream-confirm cycle; see the module docstring."""
+
+    def __init__(
+        self,
+        config: CdcdConfig,
+        stop: threading.Event,
+        metrics: Metrics | None = None,
+        state: SessionState | None = None,
+        on_streaming: Any = None,
+    ) -> None:
+        self.config = config
+        self.stop = stop
+        self.metrics = metrics
+        self.state = state or SessionState()
+        self._on_streaming = on_streaming
+        pg = config.postgres
+        self._tables = {split_table(t) for t in pg.tables} if pg.tables else None
+        self._stream: ReplicationStream | None = None
+        self._sink: KafkaSink | None = None
+        self._db: SourceDatabase | None = None
+        self._tracker: AckTracker | None = None
+        self._last_status = 0.0
+        self._sent_confirmed: Lsn | None = None
+
+    # -- setup ----------------------------------------------------------------------
+
+    def _include(self, schema: str, table: str) -> bool:
+        return self._tables is None or (schema, table) in self._tables
+
+    def _topic_spec(self, name: str, compacted: bool = False) -> TopicSpec:
+        kafka = self.config.kafka
+        return TopicSpec(
+            name,
+            1 if compacted or name.endswith((".transaction", ".message")) else kafka.partitions,
+            kafka.replication_factor,
+            {"cleanup.policy": "compact"} if compacted else {},
+        )
+
+    def _ensure_topic(self, name: str) -> None:
+        if self.config.kafka.create_topics:
+            self._ensure(self._topic_spec(name))
+
+    def _ensure(self, spec: TopicSpec) -> None:
+        kafka = self.config.kafka
+        ensure_topics(
+            kafka.bootstrap_servers, [spec], timeout_s=30.0, producer_props=dict(kafka.producer)
+        )
+
+    def _wire_format(self, sink: KafkaSink) -> WireFormat:
+        registry = self.config.schema_registry
+        if registry.url:
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+
+            return ConfluentFormat(SchemaRegistryClient({"url": registry.url, **registry.config}))
+        schemas_topic = f"{self.config.kafka.topic_prefix}._schemas"
+        if self.config.kafka.create_topics:
+            self._ensure(self._topic_spec(schemas_topic, compacted=True))
+
+        def publish(key: bytes, value: bytes) -> None:
+            results: list[Any] = []
+            sink.produce(schemas_topic, key, value, [], lambda err, msg: results.append(err))
+            deadline = time.monotonic() + 60.0
+            while not results:
+                if time.monotonic() > deadline:
+                    raise TransientError(f"publishing a schema to {schemas_topic} timed out")
+                sink.poll(0.05)
+                self._status_if_due()
+            if results[0] is not None:
+                raise sink.delivery_failure(results[0], None)
+
+        return SingleObjectFormat(publish)
+
+    # -- run ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._close()
+
+    def _run(self) -> None:
+        cfg = self.config
+        pg = cfg.postgres
+        db = self._db = SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s)
+        db.require_logical()
+        timeout = db.wal_sender_timeout_s()
+        if timeout and pg.status_interval_s >= timeout / 2:
+            log.warning(
+                "postgres.status_interval_s=%s is not below wal_sender_timeout/2 (%.1f s); "
+                "the server may drop the connection",
+                pg.status_interval_s,
+                timeout / 2,
+            )
+        db.ensure_publication(pg.publication, pg.tables, pg.create_publication)
+        slot = db.ensure_slot(pg.slot, pg.create_slot, two_phase=pg.protocol_version >= 3)
+        start = slot.confirmed_flush_lsn or Lsn(0)
+        log.info("resuming slot %s at %s", pg.slot, start, extra={"slot": pg.slot, "lsn": str(start)})
+
+        sink = self._sink = KafkaSink(
+            build_producer_config(cfg.kafka.bootstrap_servers, dict(cfg.kafka.producer), "cdcd"),
+            create_topics=cfg.kafka.create_topics,
+            should_stop=self._while_blocked,
+        )
+        wire = self._wire_format(sink)
+        tracker = self._tracker = AckTracker(
+            start, on_complete=self._on_complete, classify=sink.delivery_failure
+        )
+        catalog = PgCatalog(db.conn)
+        relations = RelationCache(
+            catalog,
+            key_lookup=db.primary_key,
+            dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
+        )
+        encoder = EnvelopeEncoder(cfg.kafka.topic_prefix, db.database, wire)
+        publisher = Publisher(
+            sink,
+            tracker,
+            encoder,
+            wire,
+            include=self._include,
+            ensure_topic=self._ensure_topic,
+            metrics=self.metrics,
+            transaction_records=cfg.kafka.transaction_records,
+        )
+        assembler = TransactionAssembler(relations, publisher, pg.stream_spill_bytes, pg.spill_dir)
+        decoder = PgOutputDecoder(pg.protocol_version)
+        stream = self._stream = ReplicationStream(
+            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.binary, pg.connect_timeout_s
+        )
+        stream.start(start)
+        self._set_streaming(True)
+        try:
+            self._loop(stream, decoder, assembler, tracker, sink)
+        finally:
+            self._set_streaming(False)
+            assembler.close()
+        self._drain()
+
+    def _loop(
+        self,
+        stream: ReplicationStream,
+        decoder: PgOutputDecoder,
+        assembler: TransactionAssembler,
+        tracker: AckTracker,
+        sink: KafkaSink,
+    ) -> None:
+        stop = self.stop
+        metrics = self.metrics
+        heartbeat_s = self.config.heartbeat.interval_s
+        next_heartbeat = time.monotonic() + heartbeat_s if heartbeat_s > 0 else float("inf")
+        next_lag = time.monotonic()
+        read = stream.read
+        decode = decoder.decode
+        feed = assembler.feed
+        count = 0
+        received = 0
+        last_lsn = 0
+        while not stop.is_set():
+            message = read()
+            if message is not None:
+                payload = message.payload
+                feed(decode(payload), len(payload))
+                count += 1
+                received += len(payload)
+                last_lsn = message.data_start
+                if count % _POLL_EVERY:
+                    continue
+            # Every _POLL_EVERY messages, and whenever the socket is drained.
+            sink.poll(0)
+            if tracker.failure is not None:
+                raise tracker.failure
+            if metrics is not None and received:
+                metrics.mark_received(last_lsn, received)
+                metrics.in_flight.set(tracker.in_flight)
+                metrics.producer_queue.set(len(sink))
+                metrics.spill_bytes.set(assembler.spilled_bytes)
+                received = 0
+            if message is None:
+                if assembler.idle and tracker.pending_transactions == 0:
+                    tracker.advance_idle(stream.wal_end)
+                now = time.monotonic()
+                if now >= next_heartbeat:
+                    self._heartbeat()
+                    next_heartbeat = now + heartbeat_s
+                if now >= next_lag:
+                    self._sample_lag()
+                    next_lag = now + _LAG_SAMPLE_S
+                self._status_if_due()
+                self.state.beat()
+                stream.wait(0.05 if tracker.in_flight else 0.5)
+            else:
+                self._status_if_due()
+                self.state.beat()
+
+    # -- confirmation ----------------------------------------------------------------
+
+    def _status_if_due(self, force: bool = False) -> None:
+        stream, tracker = self._stream, self._tracker
+        if stream is None or tracker is None or stream.closed:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_status < self.config.postgres.status_interval_s:
+            return
+        confirmed = tracker.confirmed
+        stream.send_status(confirmed)
+        self._last_status = now
+        if confirmed != self._sent_confirmed:
+            self._sent_confirmed = confirmed
+            self.state.confirmed = confirmed
+            log.debug("confirmed %s", confirmed, extra={"lsn": str(confirmed)})
+        if self.metrics is not None:
+            self.metrics.mark_confirmed(int(confirmed))
+
+    def _while_blocked(self) -> bool:
+        """Called by the sink while the producer queue is full: keep the walsender happy."""
+        self._status_if_due()
+        self.state.beat()
+        return self.stop.is_set()
+
+    def _on_complete(self, ticket: TxnTicket) -> None:
+        if self.metrics is not None and ticket.commit_ts is not None:
+            self.metrics.delivered(ticket.commit_ts / 1000.0)
+
+    def _heartbeat(self) -> None:
+        if self._db is not None:
+            self._db.emit_heartbeat(HEARTBEAT_PREFIX)
+
+    def _sample_lag(self) -> None:
+        if self.metrics is None or self._db is None or self._tracker is None:
+            return
+        current = self._db.current_wal_lsn()
+        self.metrics.slot_lag.set(max(0, int(current) - int(self._tracker.confirmed)))
+
+    def _drain(self) -> None:
+        """On stop: wait for in-flight deliveries, then confirm what was delivered."""
+        sink, tracker = self._sink, self._tracker
+        if sink is None or tracker is None:
+            return
+        deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+        while len(sink) and time.monotonic() < deadline:
+            sink.poll(0.1)
+            self._status_if_due()
+        if tracker.failure is not None:
+            raise tracker.failure
+        self._status_if_due(force=True)
+        log.info("stopped; confirmed %s", tracker.confirmed, extra={"lsn": str(tracker.confirmed)})
+
+    def _set_streaming(self, streaming: bool) -> None:
+        self.state.streaming = streaming
+        if self.metrics is not None:
+            self.metrics.set_streaming(streaming)
+        if self._on_streaming is not None:
+            self._on_streaming(streaming)
+
+    def _close(self) -> None:
+        if self._stream is not None:
+            try:
+                if self._tracker is not None and not self._stream.closed:
+                    self._status_if_due(force=True)
+            except CdcdError as exc:
+                log.warning("final status update failed: %s", exc)
+            self._stream.close()
+        if self._sink is not None:
+            self._sink.close(5.0)
+        if self._db is not None:
+            self._db.close()

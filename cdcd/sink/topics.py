@@ -1,0 +1,418 @@
+"""Topic names, topic creation and the broker reachability check.
+
+cdcd creates the topics it writes to before the first message (when
+``kafka.create_topics`` is true) rather than relying on the broker's
+auto-creation: auto-created topics get the broker's default partition count and
+no compaction, and ``<prefix>._schemas`` must be compacted (SPEC §6) so that
+every writer schema stays readable forever.
+
+Creation is idempotent and tolerant of concurrent creators (a second cdcd, or
+a restart racing a slow controller): ``TOPIC_ALREADY_EXISTS`` counts as
+success. Existing topics are checked, not changed: a different partition count
+or configuration is logged as a warning, because repartitioning a CDC topic
+would break per-key order for its consumers and is the operator's decision.
+
+The admin client gets the user's connection and security properties (TLS,
+SASL) from ``kafka.producer``, filtered to those an admin client needs, so that
+``cdcd check`` and topic creation authenticate like the producer does.
+
+Topic names: ``<prefix>.<schema>.<table>`` (SPEC §4). PostgreSQL identifiers
+may contain characters Kafka topic names cannot (Kafka allows ``[A-Za-z0-9._-]``,
+at most 249 characters). Such a schema or table name is rewritten with ``_``
+for each invalid character (and for ``.``, which would make
+``"a.b".c`` and ``a."b.c"`` collide) and gets a suffix of eight hex digits of a
+hash of the original name, so two different tables never share a topic; valid
+names are used unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit the re-exports
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
+
+from cdcd.config.model import KafkaConfig
+from cdcd.errors import CdcdError, DefiniteError, TransientError
+
+__all__ = [
+    "TopicSpec",
+    "admin_config",
+    "check_broker",
+    "ensure_topics",
+    "message_topic",
+    "schemas_topic",
+    "standard_topic_specs",
+    "table_topic",
+    "transaction_topic",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_TOPIC = 249
+_VALID_COMPONENT = re.compile(r"^[A-Za-z0-9_-]+$")
+_INVALID_CHAR = re.compile(r"[^A-Za-z0-9_-]")
+
+# Prefixes of librdkafka properties that concern connecting and authenticating,
+# which an admin client needs as much as the producer.
+_ADMIN_PREFIXES = (
+    "security.",
+    "ssl.",
+    "ssl_",
+    "sasl.",
+    "enable.ssl.",
+    "enable.sasl.",
+    "https.",
+    "socket.",
+    "client.",
+    "broker.",
+    "reconnect.",
+    "connections.max.idle.ms",
+    "api.version",
+    "metadata.",
+    "topic.metadata.",
+    "retry.backoff",
+    "debug",
+    "log_level",
+    "log.",
+    "allow.auto.create.topics",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """A topic cdcd writes to, as it would create it."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+# -------------------------------------------------------------------- naming
+
+
+def _component(name: str) -> str:
+    if _VALID_COMPONENT.match(name):
+        return name
+    digest = hashlib.sha1(name.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]
+    return f"{_INVALID_CHAR.sub('_', name)}_{digest}"
+
+
+def table_topic(prefix: str, schema: str, table: str) -> str:
+    """``<prefix>.<schema>.<table>``, made valid for Kafka (see the module docstring)."""
+    name = f"{prefix}.{_component(schema)}.{_component(table)}"
+    if len(name) > _MAX_TOPIC:
+        digest = hashlib.sha1(f"{schema}.{table}".encode(), usedforsecurity=False).hexdigest()[:8]
+        name = f"{name[: _MAX_TOPIC - 9]}_{digest}"
+    return name
+
+
+def schemas_topic(prefix: str) -> str:
+    """``<prefix>._schemas``: writer schemas keyed by fingerprint (no registry)."""
+    return f"{prefix}._schemas"
+
+
+def transaction_topic(prefix: str) -> str:
+    """``<prefix>.transaction``: BEGIN/END records when ``kafka.transaction_records``."""
+    return f"{prefix}.transaction"
+
+
+def message_topic(prefix: str) -> str:
+    """``<prefix>.message``: logical decoding messages (``pg_logical_emit_message``)."""
+    return f"{prefix}.message"
+
+
+def standard_topic_specs(
+    kafka: KafkaConfig,
+    tables: Iterable[tuple[str, str]],
+    *,
+    schemas: bool,
+    messages: bool = True,
+) -> list[TopicSpec]:
+    """Every topic a pipeline writes to.
+
+    Table topics and ``<prefix>.message`` get ``kafka.partitions``;
+    ``<prefix>._schemas`` (when ``schemas``: no registry) and
+    ``<prefix>.transaction`` (when ``kafka.transaction_records``) get one
+    partition, so that their records keep one total order;
+    ``_schemas`` is compacted.
+    """
+    prefix = kafka.topic_prefix
+    rf = kafka.replication_factor
+    specs = [
+        TopicSpec(table_topic(prefix, schema, table), kafka.partitions, rf)
+        for schema, table in tables
+    ]
+    if schemas:
+        specs.append(TopicSpec(schemas_topic(prefix), 1, rf, {"cleanup.policy": "compact"}))
+    if kafka.transaction_records:
+        specs.append(TopicSpec(transaction_topic(prefix), 1, rf))
+    if messages:
+        specs.append(TopicSpec(message_topic(prefix), kafka.partitions, rf))
+    return specs
+
+
+# --------------------------------------------------------------------- admin
+
+
+def admin_config(
+    bootstrap_servers: str, producer_props: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """AdminClient configuration: the broker list plus the producer's connection/security properties."""
+    config: dict[str, Any] = {
+        key: value
+        for key, value in (producer_props or {}).items()
+        if key.startswith(_ADMIN_PREFIXES)
+    }
+    config["bootstrap.servers"] = bootstrap_servers
+    return config
+
+
+class _Admin:
+    """An AdminClient plus what error messages need: where it points, what went wrong."""
+
+    def __init__(self, target: AdminClient | str, producer_props: Mapping[str, Any] | None) -> None:
+        self.errors: deque[KafkaError] = deque(maxlen=16)  # from error_cb, own clients only
+        self.owned = isinstance(target, str)
+        if isinstance(target, str):
+            self.where = f"Kafka at {target}"
+            config = admin_config(target, producer_props)
+            config["error_cb"] = self.errors.append
+            self.client = AdminClient(config)
+        else:
+            self.where = "Kafka"
+            self.client = target
+
+    def metadata_error(self, exc: KafkaException, timeout_s: float) -> CdcdError:
+        """A failed metadata request: authentication problems are definite, the rest transient."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if self.owned:
+            # error_cb runs only when the client is polled; the authentication
+            # failure behind a metadata timeout is reported there.
+            self.client.poll(0)
+        for seen in [*self.errors, *([err] if err is not None else [])]:
+            if seen.code() in _AUTH_CODES:
+                return DefiniteError(
+                    f"cannot authenticate to {self.where}: {seen.str()}",
+                    hint="check security.protocol and the ssl.*/sasl.* properties in kafka.producer",
+                )
+        detail = err.str() if err is not None else str(exc)
+        return TransientError(f"cannot reach {self.where} within {timeout_s:g} s: {detail}")
+
+
+_AUTH_CODES = frozenset(
+    {
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._AUTHENTICATION,
+        KafkaError.ILLEGAL_SASL_STATE,
+        KafkaError.UNSUPPORTED_SASL_MECHANISM,
+        KafkaError._SSL,
+    }
+)
+
+
+def check_broker(
+    bootstrap_servers: str, producer_props: Mapping[str, Any] | None, timeout_s: float
+) -> str:
+    """One metadata round trip; a short description of the cluster, for ``cdcd check``.
+
+    Raises :class:`TransientError` naming the bootstrap servers when no broker
+    answers, :class:`DefiniteError` when authentication fails.
+    """
+    admin = _Admin(bootstrap_servers, producer_props)
+    try:
+        metadata = admin.client.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise admin.metadata_error(exc, timeout_s) from exc
+    ids = sorted(metadata.brokers)
+    plural = "" if len(ids) == 1 else "s"
+    return (
+        f"{len(ids)} broker{plural} (id{plural} {', '.join(map(str, ids))}), "
+        f"controller {metadata.controller_id}, cluster {metadata.cluster_id}"
+    )
+
+
+def ensure_topics(
+    admin_or_bootstrap: AdminClient | str,
+    specs: Iterable[TopicSpec],
+    timeout_s: float,
+    *,
+    producer_props: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Create the missing topics of ``specs`` and check the existing ones; returns those created.
+
+    ``admin_or_bootstrap`` is an AdminClient or a bootstrap server list (then
+    ``producer_props`` supplies the security properties). Tolerates
+    ``TOPIC_ALREADY_EXISTS``. Raises :class:`TransientError` when the broker
+    cannot be reached, :class:`DefiniteError` (with a hint) when a topic
+    cannot be created as specified: no permission, invalid configuration or
+    name, replication factor above the number of brokers.
+    """
+    admin = _Admin(admin_or_bootstrap, producer_props)
+    wanted = {spec.name: spec for spec in specs}
+    if not wanted:
+        return []
+    try:
+        metadata = admin.client.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise admin.metadata_error(exc, timeout_s) from exc
+    brokers = len(metadata.brokers)
+
+    existing = [spec for name, spec in wanted.items() if name in metadata.topics]
+    for spec in existing:
+        topic = metadata.topics[spec.name]
+        if topic.error is not None and topic.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise _topic_error(topic.error, spec, brokers)
+        count = len(topic.partitions)
+        if count != spec.partitions:
+            log.warning(
+                "topic %s has %d partitions, cdcd would create it with %d; using it as it is",
+                spec.name,
+                count,
+                spec.partitions,
+            )
+    _check_configs(admin, [spec for spec in existing if spec.config], timeout_s)
+
+    missing = [spec for name, spec in wanted.items() if name not in metadata.topics]
+    if not missing:
+        return []
+    for spec in missing:
+        if spec.replication_factor > brokers:
+            raise DefiniteError(
+                f"cannot create topic {spec.name!r} with replication factor "
+                f"{spec.replication_factor}: {admin.where} has {brokers} broker"
+                f"{'' if brokers == 1 else 's'} available",
+                hint=f"set kafka.replication_factor to at most {brokers}, "
+                "or start the missing brokers",
+            )
+    new_topics = [
+        NewTopic(
+            spec.name,
+            num_partitions=spec.partitions,
+            replication_factor=spec.replication_factor,
+            config=dict(spec.config),
+        )
+        for spec in missing
+    ]
+    try:
+        futures = admin.client.create_topics(
+            new_topics, operation_timeout=timeout_s, request_timeout=timeout_s
+        )
+    except KafkaException as exc:
+        raise admin.metadata_error(exc, timeout_s) from exc
+
+    created: list[str] = []
+    failures: list[CdcdError] = []
+    for name, future in futures.items():
+        spec = wanted[name]
+        try:
+            future.result()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                log.info("topic %s was created concurrently", name)
+                continue
+            failures.append(
+                _topic_error(err, spec, brokers)
+                if err is not None
+                else TransientError(f"creating topic {name!r} failed: {exc}")
+            )
+            continue
+        log.info(
+            "created topic %s (%d partitions, replication factor %d%s)",
+            name,
+            spec.partitions,
+            spec.replication_factor,
+            "".join(f", {k}={v}" for k, v in sorted(spec.config.items())),
+        )
+        created.append(name)
+    if failures:
+        # A definite failure wins: retrying the transient ones cannot fix it.
+        failures.sort(key=lambda error: not isinstance(error, DefiniteError))
+        raise failures[0]
+    return created
+
+
+def _topic_error(err: KafkaError, spec: TopicSpec, brokers: int) -> CdcdError:
+    """Classify a CreateTopics (or metadata) error for one topic."""
+    code = err.code()
+    what = f"cannot create topic {spec.name!r}: {err.name()} ({err.str()})"
+    if code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED):
+        return DefiniteError(
+            what,
+            hint="grant CREATE (and DESCRIBE, WRITE) on the topics to the principal cdcd "
+            "connects as, or create the topics yourself and set kafka.create_topics: false",
+        )
+    if code == KafkaError.INVALID_REPLICATION_FACTOR:
+        return DefiniteError(
+            what,
+            hint=f"set kafka.replication_factor to at most the number of brokers ({brokers})",
+        )
+    if code == KafkaError.INVALID_PARTITIONS:
+        return DefiniteError(what, hint="set kafka.partitions to a positive number")
+    if code == KafkaError.INVALID_CONFIG:
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(spec.config.items())) or "none"
+        return DefiniteError(
+            what,
+            hint=f"the broker rejects the topic configuration ({settings}) or the partition "
+            "count/replication factor; check the broker's limits",
+        )
+    if code == KafkaError.TOPIC_EXCEPTION:
+        return DefiniteError(what, hint="change kafka.topic_prefix to a valid topic name prefix")
+    if code == KafkaError.POLICY_VIOLATION:
+        return DefiniteError(
+            what,
+            hint="a broker create-topic policy rejects it; create the topic yourself "
+            "and set kafka.create_topics: false",
+        )
+    if code in _AUTH_CODES:
+        return DefiniteError(
+            what, hint="check security.protocol and the ssl.*/sasl.* properties in kafka.producer"
+        )
+    return TransientError(what)
+
+
+def _check_configs(admin: _Admin, specs: list[TopicSpec], timeout_s: float) -> None:
+    """Warn when an existing topic's configuration differs from the spec (never fails).
+
+    Kafka describes every setting; some brokers (tansu) describe only the
+    settings given at creation, so a setting missing from the answer is not
+    reported as a difference.
+    """
+    if not specs:
+        return
+    resources = {ConfigResource("topic", spec.name): spec for spec in specs}
+    try:
+        futures = admin.client.describe_configs(list(resources), request_timeout=timeout_s)
+    except KafkaException as exc:
+        log.warning("cannot describe topic configurations: %s", exc)
+        return
+    for resource, future in futures.items():
+        spec = resources[resource]
+        try:
+            entries = future.result()
+        except KafkaException as exc:
+            log.warning("cannot describe the configuration of topic %s: %s", spec.name, exc)
+            continue
+        for key, expected in spec.config.items():
+            entry = entries.get(key)
+            if entry is not None and entry.value != expected:
+                log.warning(
+                    "topic %s has %s=%s, cdcd expects %s=%s; using it as it is",
+                    spec.name,
+                    key,
+                    entry.value,
+                    key,
+                    expected,
+                )

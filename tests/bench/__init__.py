@@ -1,0 +1,1 @@
+"""Micro-benchmarks runnable as scripts (``python -m tests.bench.<name>``)."""

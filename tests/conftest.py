@@ -1,0 +1,120 @@
+"""Shared fixtures: a throwaway PostgreSQL cluster and tansu broker per session.
+
+- ``pg_cluster`` (session): :class:`cdcd.local.LocalPostgres` with default
+  settings (wal_level=logical, 20 slots/walsenders, prepared transactions).
+- ``pg`` (function): a fresh database on ``pg_cluster``
+  (:class:`support.pg.PgDatabase`); afterwards its walsenders are
+  terminated, its slots dropped, then the database itself.
+- ``make_pg_cluster`` (function): factory ``make_pg_cluster(settings=...)``
+  for tests that need their own cluster (custom settings, restarts, crashes).
+- ``broker`` (session): :class:`cdcd.local.LocalBroker`, in-memory storage.
+  Tests that freeze or restart a broker should use ``make_broker()`` instead;
+  a session broker left frozen by a failed test is thawed afterwards.
+- ``make_broker`` (function): factory for a private broker.
+
+Nothing here starts unless a test asks for it, so unit tests stay fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from support.pg import PgDatabase
+
+from cdcd.local import LocalBroker, LocalPostgres
+from cdcd.local.postgres import SettingValue
+
+_db_counter = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[LocalPostgres]:
+    """One PostgreSQL 15 cluster for the whole session."""
+    cluster = LocalPostgres.start()
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+@pytest.fixture
+def pg(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[PgDatabase]:
+    """A fresh database for one test, dropped (with its slots) afterwards."""
+    stem = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
+    dbname = f"t{next(_db_counter)}_{stem}"
+    pg_cluster.create_database(dbname)
+    db = PgDatabase(cluster=pg_cluster, dbname=dbname)
+    try:
+        yield db
+    finally:
+        db.close_connections()
+        if not pg_cluster.running:
+            # A test stopped the shared cluster: bring it back for the others.
+            pg_cluster.start_again()
+        db.drop()
+
+
+@pytest.fixture
+def make_pg_cluster() -> Iterator[Callable[..., LocalPostgres]]:
+    """Factory for private clusters: ``make_pg_cluster(settings={...})``."""
+    clusters: list[LocalPostgres] = []
+
+    def make(settings: Mapping[str, SettingValue] | None = None) -> LocalPostgres:
+        cluster = LocalPostgres.start(settings=settings)
+        clusters.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in clusters:
+            cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[LocalBroker]:
+    """One tansu broker for the whole session (memory storage)."""
+    instance = LocalBroker.start()
+    try:
+        yield instance
+    finally:
+        instance.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _thaw_session_broker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Never leave the shared broker frozen (or dead) for the next test."""
+    yield
+    if "broker" not in request.fixturenames:
+        return
+    instance: LocalBroker = request.getfixturevalue("broker")
+    if instance.frozen and instance.running:
+        instance.thaw()
+    if not instance.running:
+        instance.restart()
+
+
+@pytest.fixture
+def make_broker() -> Iterator[Callable[..., LocalBroker]]:
+    """Factory for private brokers: ``make_broker()``; all stopped afterwards."""
+    brokers: list[LocalBroker] = []
+
+    def make(**kwargs: Any) -> LocalBroker:
+        instance = LocalBroker.start(**kwargs)
+        brokers.append(instance)
+        return instance
+
+    try:
+        yield make
+    finally:
+        for instance in brokers:
+            instance.cleanup()

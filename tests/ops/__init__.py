@@ -1,0 +1,1 @@
+"""Operational surface: metrics, health endpoints, systemd, logging, deploy files, docs."""

@@ -1,0 +1,1 @@
+"""Tests of the pgoutput decoder (``cdcd.protocol``): golden captures, an encoder, properties."""

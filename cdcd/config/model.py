@@ -1,7 +1,8 @@
 """The configuration models (SPEC §3).
 
-``${VAR}`` and ``${VAR:-default}`` in the YAML text are replaced from the
-environment before parsing, so secrets stay out of the file. Validation errors
+``${VAR}`` and ``${VAR:-default}`` in string values are replaced from the
+environment after parsing (never inside comments), so secrets stay out of the
+file. Validation errors
 are turned into one ``ConfigError`` line naming the field (exit code 2).
 Secrets (the DSN password, SASL passwords, registry credentials) are masked by
 ``redacted()`` wherever configuration is printed or logged.
@@ -206,7 +207,19 @@ def load_config(path: str | Path) -> CdcdConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from exc
     try:
-        data = yaml.safe_load(expand_env(text))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
-    return parse_config(data, str(path))
+    # Expanded after parsing, in string values only: comments are never
+    # expanded, and a value cannot inject YAML structure.
+    return parse_config(_expand_values(data), str(path))
+
+
+def _expand_values(data: Any) -> Any:
+    if isinstance(data, str):
+        return expand_env(data)
+    if isinstance(data, dict):
+        return {key: _expand_values(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_expand_values(value) for value in data]
+    return data

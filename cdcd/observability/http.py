@@ -260,7 +260,7 @@ def start(listen: str, metrics: Metrics | CollectorRegistry, health: Health) -> 
             hint="another process may hold the port; change metrics.listen",
         ) from exc
     thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="cdcd-http", daemon=True
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="cdcd-http", daemon=True
     )
     thread.start()
     running = MetricsServer(server, thread)

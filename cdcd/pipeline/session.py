@@ -49,6 +49,7 @@ log = logging.getLogger("cdcd.pipeline")
 _POLL_EVERY = 256  # messages between delivery-report polls
 _DRAIN_TIMEOUT_S = 30.0
 _LAG_SAMPLE_S = 5.0
+_PROGRESS_STATUS_MIN_S = 0.2
 
 
 class SessionState:
@@ -265,9 +266,13 @@ class Session:
         if stream is None or tracker is None or stream.closed:
             return
         now = time.monotonic()
-        if not force and now - self._last_status < self.config.postgres.status_interval_s:
-            return
         confirmed = tracker.confirmed
+        since = now - self._last_status
+        if not force and since < self.config.postgres.status_interval_s:
+            # Between intervals, report new progress promptly (at most 5/s):
+            # a crash then replays less, and slot lag stays low.
+            if confirmed == self._sent_confirmed or since < _PROGRESS_STATUS_MIN_S:
+                return
         stream.send_status(confirmed)
         self._last_status = now
         if confirmed != self._sent_confirmed:

@@ -503,3 +503,40 @@ def test_dockerignore_keeps_local_state_out() -> None:
     lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
     for kept in ("cdcd", "cdcd/", "pyproject.toml", "README.md"):
         assert kept not in lines
+
+
+# -- docs ---------------------------------------------------------------------
+
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+
+def test_operations_doc_documents_every_metric() -> None:
+    text = OPERATIONS.read_text()
+    rows = {
+        line.split("|")[1].strip().strip("`"): [cell.strip() for cell in line.split("|")[2:4]]
+        for line in text.splitlines()
+        if line.startswith("| `cdcd_")
+    }
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, process_collectors=False)
+    # Create one child of every labelled metric so its labels show in samples.
+    metrics.table("public.t")
+    metrics.delivery_errors_for("pg.public.t")
+    metrics.reconnects.labels("postgres")
+    for family in registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert name in rows, f"{name} is not in the metrics table of docs/operations.md"
+        kind, labels = rows.pop(name)
+        assert kind == family.type, name
+        declared = {label for sample in family.samples for label in sample.labels} - {"le"}
+        documented = {label.strip(" `") for label in labels.split(",") if label.strip()}
+        assert declared == documented, name
+    assert not rows, f"documented but not defined: {sorted(rows)}"
+
+
+def test_operations_doc_explains_every_alert() -> None:
+    text = OPERATIONS.read_text()
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            assert f"| `{rule['alert']}` |" in text, rule["alert"]

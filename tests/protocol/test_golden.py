@@ -14,7 +14,7 @@ import json
 import re
 import struct
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -110,15 +110,20 @@ class Golden:
         return [type(m).__name__ for m in self.messages]
 
 
-@cache
-def golden(name: str) -> Golden:
-    doc = json.loads((GOLDEN_DIR / f"{name}.json").read_text("utf-8"))
+def load_golden(directory: Path, name: str) -> Golden:
+    """Decode one capture file with a fresh decoder of its protocol version."""
+    doc = json.loads((directory / f"{name}.json").read_text("utf-8"))
     assert doc["scenario"] == name
     payloads = tuple(bytes.fromhex(m["hex"]) for m in doc["messages"])
     decoder = PgOutputDecoder(doc["proto_version"])
     messages = tuple(decoder.decode(p) for p in payloads)
     assert decoder.in_stream is False, f"{name} ends inside a stream block"
     return Golden(name, doc["proto_version"], doc["options"], doc["dropped"], payloads, messages)
+
+
+@cache
+def golden(name: str) -> Golden:
+    return load_golden(GOLDEN_DIR, name)
 
 
 def transactions(g: Golden) -> Iterator[tuple[Begin, list[Message], Commit]]:
@@ -215,8 +220,7 @@ def check_transaction_boundaries(g: Golden) -> None:
         previous_end, previous_xid = commit.end_lsn, begin.xid
 
 
-def test_basic() -> None:
-    g = golden("basic")
+def check_basic(g: Golden) -> None:
     assert g.proto_version == 1
     assert g.shape() == [
         "Begin", "Relation", "Insert", "Insert", "Commit",
@@ -256,8 +260,7 @@ def test_basic() -> None:
     assert (delete.old.kinds, delete.old.values) == (b"tnnnn", (b"1", None, None, None, None))
 
 
-def test_replica_identities() -> None:
-    g = golden("identity")
+def check_identity(g: Golden) -> None:
     check_transaction_boundaries(g)
 
     full = g.relation("ident_full")
@@ -296,8 +299,7 @@ def test_replica_identities() -> None:
     assert inserted == ["ident_full", "ident_index", "ident_nothing"]
 
 
-def test_type_messages_for_enum_and_domain() -> None:
-    g = golden("types")
+def check_types(g: Golden) -> None:
     assert g.shape() == ["Begin", "Type", "Type", "Relation", "Insert", "Commit"]
     typed = g.relation("typed")
     columns = {c.name: c for c in typed.columns}
@@ -317,8 +319,7 @@ def test_type_messages_for_enum_and_domain() -> None:
     assert insert.new.values == (b"1", b"happy", b"7")
 
 
-def test_truncate_options_and_relations() -> None:
-    g = golden("truncate")
+def check_truncate(g: Golden) -> None:
     check_transaction_boundaries(g)
     plain, restart_cascade, cascade = g.of(Truncate)
     assert plain.options == 0 and not plain.cascade and not plain.restart_identity
@@ -332,8 +333,7 @@ def test_truncate_options_and_relations() -> None:
     assert all(t.xid is None for t in g.of(Truncate))
 
 
-def test_logical_messages() -> None:
-    g = golden("messages")
+def check_messages(g: Golden) -> None:
     assert g.shape() == [
         "Begin",
         "LogicalMessage",
@@ -355,8 +355,7 @@ def test_logical_messages() -> None:
     assert standalone.lsn >= commit.end_lsn
 
 
-def test_origin() -> None:
-    g = golden("origin")
+def check_origin(g: Golden) -> None:
     assert g.shape() == ["Begin", "Origin", "Relation", "Insert", "Commit"]
     origin = g.one(Origin)
     assert origin.name == "cdcd_golden_origin"
@@ -369,8 +368,7 @@ def test_origin() -> None:
     assert g.one(Insert).new.values == (b"1", b"from elsewhere")
 
 
-def test_unchanged_toast() -> None:
-    g = golden("toast")
+def check_toast(g: Golden) -> None:
     assert g.shape() == ["Begin", "Relation", "Update", "Commit"]
     toasty = g.relation("toasty")
     assert [c.name for c in toasty.columns] == ["id", "body", "n"]
@@ -380,8 +378,7 @@ def test_unchanged_toast() -> None:
     assert update.new.values == (b"1", None, b"2")
 
 
-def test_binary_columns() -> None:
-    g = golden("binary")
+def check_binary(g: Golden) -> None:
     assert g.options["binary"] is True
     relation = g.relation("bin_rows")
     assert [c.name for c in relation.columns] == [
@@ -435,8 +432,7 @@ def _check_segments(blocks: list[StreamStart]) -> None:
     assert [b.first_segment for b in blocks] == [True] + [False] * (len(blocks) - 1)
 
 
-def test_streamed_transactions() -> None:
-    g = golden("stream")
+def check_stream(g: Golden) -> None:
     assert (g.proto_version, g.options["streaming"]) == (2, True)
     assert g.dropped > 0  # trimmed
     groups = _stream_groups(g)
@@ -486,8 +482,7 @@ def test_streamed_transactions() -> None:
     assert end.end_lsn < msgs[-1].commit_lsn
 
 
-def test_two_phase() -> None:
-    g = golden("two_phase")
+def check_two_phase(g: Golden) -> None:
     assert (g.proto_version, g.options["two_phase"]) == (3, True)
     assert g.shape() == [
         "BeginPrepare", "Relation", "Insert", "Prepare", "CommitPrepared",
@@ -517,8 +512,7 @@ def test_two_phase() -> None:
     assert (first.new.values, second.new.values) == ((b"1", b"kept"), (b"2", b"dropped"))
 
 
-def test_stream_prepare() -> None:
-    g = golden("stream_prepare")
+def check_stream_prepare(g: Golden) -> None:
     assert g.options["streaming"] is True and g.options["two_phase"] is True
     groups = _stream_groups(g)
     assert len(groups) == 1
@@ -535,8 +529,7 @@ def test_stream_prepare() -> None:
     assert first_insert.xid == xid and first_insert.new.values[0] == b"40001"
 
 
-def test_orders_rows() -> None:
-    g = golden("orders")
+def check_orders(g: Golden) -> None:
     assert g.shape() == ["Begin", "Relation", *["Insert"] * 10, "Commit"]
     check_transaction_boundaries(g)
     orders = g.relation("orders")
@@ -563,6 +556,33 @@ def test_orders_rows() -> None:
         assert note == md5(f"order {i}".encode()).hexdigest().encode()
         assert flags == (b"t" if i % 2 == 0 else b"f")
         assert payload is not None and json.loads(payload) == {"sku": f"SKU-{i}", "qty": i}
+
+
+#: What each scenario's capture must say; also run on fresh captures by
+#: ``test_regenerate_golden.py``.
+CHECKS: dict[str, Callable[[Golden], None]] = {
+    "basic": check_basic,
+    "identity": check_identity,
+    "types": check_types,
+    "truncate": check_truncate,
+    "messages": check_messages,
+    "origin": check_origin,
+    "toast": check_toast,
+    "binary": check_binary,
+    "stream": check_stream,
+    "two_phase": check_two_phase,
+    "stream_prepare": check_stream_prepare,
+    "orders": check_orders,
+}
+
+
+def test_every_scenario_has_a_check() -> None:
+    assert set(CHECKS) == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario(name: str) -> None:
+    CHECKS[name](golden(name))
 
 
 # -- byte literals: Stream Abort v2/3 vs v4 -------------------------------------------

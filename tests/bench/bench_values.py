@@ -1,0 +1,145 @@
+"""Cost of the column codecs for one SPEC §9 ``orders`` row.
+
+Run: ``.venv/bin/python tests/bench/bench_values.py [--rows N]``.
+
+Converts pre-generated pgoutput values of the 8 ``orders`` columns (int8,
+int4, text 'shipped', numeric(12,2), timestamptz, md5 text, bool, jsonb) to
+Avro binary with the codecs, in text format and in binary format, and prints
+µs per row (codec calls only, plus the join into one record body as the
+envelope does) and the per-column split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import struct
+import time
+from collections.abc import Callable
+
+from cdcd.decode.types import StaticCatalog
+from cdcd.decode.values import column_codec
+
+# (name, type oid, typmod) of the orders columns, in table order.
+NUMERIC_12_2 = ((12 << 16) | 2) + 4
+COLUMNS = (
+    ("id", 20, -1),
+    ("customer_id", 23, -1),
+    ("status", 25, -1),
+    ("amount", 1700, NUMERIC_12_2),
+    ("created_at", 1184, -1),
+    ("note", 25, -1),
+    ("flags", 16, -1),
+    ("payload", 3802, -1),
+)
+_PG_EPOCH_US = 946_684_800_000_000
+
+
+def _numeric_send(cents: int) -> bytes:
+    """numeric_send of cents/100 with dscale 2 (base-10000 digits)."""
+    digits: list[int] = []
+    n = cents * 100  # 4 fractional decimal digits = one base-10000 digit
+    while n:
+        n, digit = divmod(n, 10_000)
+        digits.insert(0, digit)
+    weight = len(digits) - 2
+    while digits and digits[-1] == 0:
+        digits.pop()
+    return struct.pack(f"!hhHh{len(digits)}H", len(digits), weight, 0, 2, *digits)
+
+
+def make_rows(count: int) -> tuple[list[list[bytes]], list[list[bytes]]]:
+    """The same rows in text format and in binary (typsend) format."""
+    rng = random.Random(7)
+    text_rows: list[list[bytes]] = []
+    binary_rows: list[list[bytes]] = []
+    base_us = 1_715_000_000_000_000
+    for i in range(count):
+        row_id = 1_000_000 + i
+        customer = rng.randrange(1, 100_000)
+        cents = rng.randrange(1, 10_000_000)
+        micros = base_us + i * 1_234
+        secs, frac = divmod(micros, 1_000_000)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(secs)) + f".{frac:06d}+00"
+        note = hashlib.md5(str(i).encode()).hexdigest().encode()
+        payload = json.dumps({"k": i, "v": "x" * (i % 7)}).encode()
+        text_rows.append(
+            [
+                str(row_id).encode(),
+                str(customer).encode(),
+                b"shipped",
+                f"{cents // 100}.{cents % 100:02d}".encode(),
+                stamp.encode(),
+                note,
+                b"t" if i % 2 else b"f",
+                payload,
+            ]
+        )
+        binary_rows.append(
+            [
+                struct.pack("!q", row_id),
+                struct.pack("!i", customer),
+                b"shipped",
+                _numeric_send(cents),
+                struct.pack("!q", micros - _PG_EPOCH_US),
+                note,
+                b"\x01" if i % 2 else b"\x00",
+                b"\x01" + payload,
+            ]
+        )
+    return text_rows, binary_rows
+
+
+def bench(rows: list[list[bytes]], encoders: list[Callable[[bytes], bytes]]) -> float:
+    """µs per row, best of 5 runs."""
+    best = float("inf")
+    pairs = list(enumerate(encoders))
+    for _ in range(5):
+        started = time.perf_counter()
+        for row in rows:
+            b"".join([b"\x02" + encode(row[i]) for i, encode in pairs])
+        best = min(best, time.perf_counter() - started)
+    return best / len(rows) * 1e6
+
+
+def per_column(rows: list[list[bytes]], encoders: list[Callable[[bytes], bytes]]) -> list[float]:
+    out = []
+    for i, encode in enumerate(encoders):
+        values = [row[i] for row in rows]
+        best = float("inf")
+        for _ in range(5):
+            started = time.perf_counter()
+            for value in values:
+                encode(value)
+            best = min(best, time.perf_counter() - started)
+        out.append(best / len(values) * 1e6)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    args = parser.parse_args()
+    catalog = StaticCatalog()
+    codecs = [column_codec(oid, typmod, catalog) for _name, oid, typmod in COLUMNS]
+    text_rows, binary_rows = make_rows(args.rows)
+    for label, rows, encoders in (
+        ("text", text_rows, [c.from_text for c in codecs]),
+        ("binary", binary_rows, [c.from_binary for c in codecs]),
+    ):
+        # Both formats must give the same Avro bytes.
+        for t_row, b_row in zip(text_rows[:1000], binary_rows[:1000], strict=True):
+            for codec, t, b in zip(codecs, t_row, b_row, strict=True):
+                assert codec.from_text(t) == codec.from_binary(b), (t, b)
+        total = bench(rows, encoders)
+        split = per_column(rows, encoders)
+        detail = ", ".join(
+            f"{name} {us:.2f}" for (name, _oid, _typmod), us in zip(COLUMNS, split, strict=True)
+        )
+        print(f"{label:6s}: {total:.2f} µs/row ({1e6 / total:,.0f} rows/s); per column µs: {detail}")
+
+
+if __name__ == "__main__":
+    main()

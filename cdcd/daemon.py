@@ -36,6 +36,10 @@ BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 30.0
 #: A session that streamed this long resets the backoff.
 BACKOFF_RESET_AFTER_S = 60.0
+#: Before the first session ever streamed, transient failures are retried for
+#: this long, then the daemon exits 1: an unreachable server at startup is
+#: most often a wrong address, and systemd/Kubernetes restart policies take over.
+STARTUP_RETRY_S = 30.0
 
 
 class _DaemonState(SessionState):
@@ -88,6 +92,7 @@ class Daemon:
                 hint="choose a free metrics.listen address",
             ) from exc
         backoff = BACKOFF_INITIAL_S
+        daemon_started = time.monotonic()
         try:
             while not self.stop.is_set():
                 started = time.monotonic()
@@ -99,6 +104,13 @@ class Daemon:
                 except TransientError as exc:
                     if self.stop.is_set():
                         break
+                    if not self.state.ever_streamed and (
+                        time.monotonic() - daemon_started + backoff > STARTUP_RETRY_S
+                    ):
+                        raise DefiniteError(
+                            f"{exc} (still failing after {STARTUP_RETRY_S:.0f} s of retries at startup)",
+                            hint="check postgres.dsn and kafka.bootstrap_servers",
+                        ) from exc
                     if time.monotonic() - started > BACKOFF_RESET_AFTER_S:
                         backoff = BACKOFF_INITIAL_S
                     reason = type(exc.__cause__ or exc).__name__

@@ -29,7 +29,9 @@ has durably written it and every batch before it):
    spooled changes are produced.
 2. For every message it produces for the transaction it calls
    ``ticket.add()`` and passes ``ticket.on_delivery`` (the same bound method
-   for every message of the transaction) as confluent-kafka's ``on_delivery``.
+   for every message of the transaction; fetch it once per transaction, as
+   each attribute access builds a new bound-method object) as
+   confluent-kafka's ``on_delivery``.
    Call ``add()`` *before* ``produce()``: a report can only arrive from a later
    ``poll()``, but an exception from ``produce()`` must leave the ticket
    incomplete, which it does when the message was counted.
@@ -347,7 +349,7 @@ class AckTracker:
             return  # an earlier transaction is still in flight: wait for it
         on_complete = self._on_complete
         reached = self._reached
-        while tickets and tickets[0]._delivered == tickets[0]._produced:
+        while tickets and tickets[0].complete:
             head = tickets.popleft()
             end = head.end_lsn
             if end is not None and end > reached:

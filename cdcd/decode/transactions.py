@@ -29,14 +29,15 @@ current when it was made.
 from __future__ import annotations
 
 import os
-import pickle
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from struct import Struct
 from typing import IO, Protocol
 
 from cdcd.decode.relations import RelationCache, TableVersion
 from cdcd.errors import DefiniteError, ProtocolError
+from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import (
     Begin,
@@ -89,16 +90,26 @@ class ChangeSink(Protocol):
 
 
 class ChangeBuffer:
-    """Changes of one not-yet-committed transaction; spills to a file past a size.
+    """Changes of one not-yet-committed transaction, as the raw pgoutput payloads.
 
-    Spilled records are pickled (message dataclasses are plain data); table
-    versions are kept in memory by key, since they hold prepared codecs.
+    Raw payloads are several times smaller than decoded message objects, and
+    spilling them is a plain append of length-prefixed records; they are
+    decoded again when the transaction is published. Table versions stay in
+    memory by key, since they hold prepared codecs. ``streamed`` says whether
+    the payloads came inside stream blocks (and so carry an xid).
     """
 
-    def __init__(self, spill_bytes: int, spill_dir: str | None) -> None:
+    _RECORD = Struct("!II")  # context key, payload length
+    _OVERHEAD = 120  # Python object overhead per buffered change, for accounting
+
+    def __init__(
+        self, spill_bytes: int, spill_dir: str | None, protocol_version: int, streamed: bool
+    ) -> None:
         self._spill_bytes = spill_bytes
         self._spill_dir = spill_dir
-        self._items: list[tuple[int, Message]] = []
+        self._protocol_version = protocol_version
+        self._streamed = streamed
+        self._items: list[tuple[int, bytes]] = []
         self._contexts: dict[int, Context] = {}
         self._context_ids: dict[int, int] = {}
         self._memory_bytes = 0
@@ -115,36 +126,46 @@ class ChangeBuffer:
             self._context_ids[id(context)] = key
         return key
 
-    def add(self, context: Context, message: Message, size: int) -> None:
-        self._items.append((self._context_key(context), message))
-        self._memory_bytes += size
+    def add(self, context: Context, payload: bytes) -> None:
+        self._items.append((self._context_key(context), payload))
+        self._memory_bytes += len(payload) + self._OVERHEAD
         self.count += 1
         if self._memory_bytes > self._spill_bytes:
             self._spill()
 
     def _spill(self) -> None:
         if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix="cdcd-spill-", dir=self._spill_dir)
-        before = self._file.tell()
-        pickle.dump(self._items, self._file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.spilled_bytes += self._file.tell() - before
+            self._file = tempfile.TemporaryFile(
+                prefix="cdcd-spill-", dir=self._spill_dir, buffering=1 << 20
+            )
+        pack = self._RECORD.pack
+        chunk = b"".join(pack(key, len(payload)) + payload for key, payload in self._items)
+        self._file.write(chunk)
+        self.spilled_bytes += len(chunk)
         self._items = []
         self._memory_bytes = 0
 
-    def replay(self) -> Iterator[tuple[Context, Message]]:
-        """Every change in order, without those of aborted subtransactions."""
-        aborted = self.aborted_subxids
+    def _payloads(self) -> Iterator[tuple[int, bytes]]:
         if self._file is not None:
             self._file.flush()
             end = self._file.tell()
             self._file.seek(0)
-            while self._file.tell() < end:
-                batch: list[tuple[int, Message]] = pickle.load(self._file)
-                for key, message in batch:
-                    if aborted and getattr(message, "xid", None) in aborted:
-                        continue
-                    yield self._contexts[key], message
-        for key, message in self._items:
+            reader = self._file  # buffered by TemporaryFile
+            header = self._RECORD.size
+            position = 0
+            while position < end:
+                key, length = self._RECORD.unpack(reader.read(header))
+                yield key, reader.read(length)
+                position += header + length
+        yield from self._items
+
+    def replay(self) -> Iterator[tuple[Context, Message]]:
+        """Every change in order, decoded, without those of aborted subtransactions."""
+        decoder = PgOutputDecoder(self._protocol_version)
+        decoder.in_stream = self._streamed
+        aborted = self.aborted_subxids
+        for key, payload in self._payloads():
+            message = decoder.decode(payload)
             if aborted and getattr(message, "xid", None) in aborted:
                 continue
             yield self._contexts[key], message
@@ -174,8 +195,10 @@ class TransactionAssembler:
         sink: ChangeSink,
         spill_bytes: int = 64 * 1024 * 1024,
         spill_dir: str | None = None,
+        protocol_version: int = 1,
     ) -> None:
         self.relations = relations
+        self._protocol_version = protocol_version
         self._sink = sink
         self._spill_bytes = spill_bytes
         self._spill_dir = spill_dir
@@ -221,11 +244,14 @@ class TransactionAssembler:
 
     # -- the state machine ----------------------------------------------------------
 
-    def feed(self, message: Message, size: int = 0) -> None:
-        """Process one decoded message; ``size`` is its payload length (spill accounting)."""
+    def _buffer(self, streamed: bool) -> ChangeBuffer:
+        return ChangeBuffer(self._spill_bytes, self._spill_dir, self._protocol_version, streamed)
+
+    def feed(self, message: Message, payload: bytes = b"") -> None:
+        """Process one decoded message; ``payload`` is the bytes it was decoded from."""
         kind = type(message)
         if kind is Insert or kind is Update or kind is Delete:
-            self._change(self.relations.get(message.relation_id), message, size)  # type: ignore[union-attr]
+            self._change(self.relations.get(message.relation_id), message, payload)  # type: ignore[union-attr]
         elif kind is Begin:
             self._begin(message)  # type: ignore[arg-type]
         elif kind is Commit:
@@ -238,9 +264,9 @@ class TransactionAssembler:
             self.relations.on_type(message)  # type: ignore[arg-type]
         elif kind is Truncate:
             tables = tuple(self.relations.get(r) for r in message.relation_ids)  # type: ignore[union-attr]
-            self._change(tables, message, size)
+            self._change(tables, message, payload)
         elif kind is LogicalMessage:
-            self._logical_message(message, size)  # type: ignore[arg-type]
+            self._logical_message(message, payload)  # type: ignore[arg-type]
         elif kind is StreamStart:
             self._stream_start(message)  # type: ignore[arg-type]
         elif kind is StreamStop:
@@ -264,11 +290,11 @@ class TransactionAssembler:
         else:
             raise ProtocolError(f"unexpected message {kind.__name__}", 0)
 
-    def _change(self, context: Context, message: Message, size: int) -> None:
+    def _change(self, context: Context, message: Message, payload: bytes) -> None:
         if self._stream_xid is not None:
-            self._streams[self._stream_xid].add(context, message, size)
+            self._streams[self._stream_xid].add(context, payload)
         elif self._preparing is not None:
-            self._preparing[1].add(context, message, size)
+            self._preparing[1].add(context, payload)
         elif self._in_plain is not None:
             self._deliver(context, message)
         else:
@@ -282,14 +308,18 @@ class TransactionAssembler:
         else:
             self._sink.row(context, message)  # type: ignore[arg-type]
 
-    def _logical_message(self, message: LogicalMessage, size: int) -> None:
+    def _logical_message(self, message: LogicalMessage, payload: bytes) -> None:
         if not message.transactional:
             self._sink.standalone_message(message)
         else:
-            self._change(None, message, size)
+            self._change(None, message, payload)
 
     def _begin(self, message: Begin) -> None:
-        if self._in_plain is not None or self._preparing is not None or self._stream_xid is not None:
+        if (
+            self._in_plain is not None
+            or self._preparing is not None
+            or self._stream_xid is not None
+        ):
             raise _outside("Begin", message)
         self._in_plain = message
         self._sink.begin_transaction(message.xid, message.final_lsn, message.commit_ts)
@@ -306,7 +336,9 @@ class TransactionAssembler:
         self._in_plain = None
         self._sink.commit_transaction(message.end_lsn)
 
-    def _replay(self, buffer: ChangeBuffer, xid: int, commit_lsn: Lsn, commit_ts: int, end_lsn: Lsn) -> None:
+    def _replay(
+        self, buffer: ChangeBuffer, xid: int, commit_lsn: Lsn, commit_ts: int, end_lsn: Lsn
+    ) -> None:
         try:
             self._sink.begin_transaction(xid, commit_lsn, commit_ts)
             for context, message in buffer.replay():
@@ -322,14 +354,14 @@ class TransactionAssembler:
             raise _outside("Stream Start", message)
         self._stream_xid = message.xid
         if message.xid not in self._streams:
-            self._streams[message.xid] = ChangeBuffer(self._spill_bytes, self._spill_dir)
+            self._streams[message.xid] = self._buffer(streamed=True)
 
     def _stream_commit(self, message: StreamCommit) -> None:
         buffer = self._streams.pop(message.xid, None)
         if buffer is None:
             # A streamed transaction whose every change was in tables outside
             # the publication can commit without any stream block.
-            buffer = ChangeBuffer(self._spill_bytes, self._spill_dir)
+            buffer = self._buffer(streamed=True)
         self._replay(buffer, message.xid, message.commit_lsn, message.commit_ts, message.end_lsn)
 
     def _stream_abort(self, message: StreamAbort) -> None:
@@ -345,9 +377,13 @@ class TransactionAssembler:
     # -- two-phase (v3) -------------------------------------------------------------
 
     def _begin_prepare(self, message: BeginPrepare) -> None:
-        if self._in_plain is not None or self._preparing is not None or self._stream_xid is not None:
+        if (
+            self._in_plain is not None
+            or self._preparing is not None
+            or self._stream_xid is not None
+        ):
             raise _outside("Begin Prepare", message)
-        self._preparing = (message, ChangeBuffer(self._spill_bytes, self._spill_dir))
+        self._preparing = (message, self._buffer(streamed=False))
 
     def _prepare(self, message: Prepare) -> None:
         if self._preparing is None:
@@ -357,9 +393,7 @@ class TransactionAssembler:
         self._add_prepared(message.gid, buffer, message.xid, begin.prepare_lsn)
 
     def _stream_prepare(self, message: StreamPrepare) -> None:
-        buffer = self._streams.pop(message.xid, None) or ChangeBuffer(
-            self._spill_bytes, self._spill_dir
-        )
+        buffer = self._streams.pop(message.xid, None) or self._buffer(streamed=True)
         self._add_prepared(message.gid, buffer, message.xid, message.prepare_lsn)
 
     def _add_prepared(self, gid: str, buffer: ChangeBuffer, xid: int, prepare_lsn: Lsn) -> None:

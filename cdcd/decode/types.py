@@ -9,6 +9,9 @@ once from a PostgreSQL 15 ``pg_type``::
     WHERE oid < 16384 AND typtype IN ('b','r','m','d','e','c')
       AND typnamespace = 'pg_catalog'::regnamespace
 
+plus ``cstring`` (a pseudo-type, oid 2275), because the built-in ``_cstring``
+array names it as its element.
+
 Types created later (extensions such as citext, enums, domains, composites,
 user ranges, and their array types) have OIDs that differ per database; they
 are looked up from the server (:class:`cdcd.source.catalog.PgCatalog`) or
@@ -232,6 +235,7 @@ _TABLE = """
 12328 _pg_user_mappings bA 12329 | 12329 pg_user_mappings cC 0 |
 12333 _pg_replication_origin_status bA 12334 | 12334 pg_replication_origin_status cC 0 |
 12337 _pg_stat_subscription_stats bA 12338 | 12338 pg_stat_subscription_stats cC 0
+| 2275 cstring pP 0
 """
 
 

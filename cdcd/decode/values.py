@@ -104,9 +104,7 @@ from cdcd.envelope.avro_binary import (
     TRUE,
     VALUE_BRANCH,
     encode_array,
-    encode_bytes,
-    encode_decimal,
-    encode_long,
+    encode_long_fast,
 )
 
 __all__ = [
@@ -242,29 +240,13 @@ def _civil_from_days(days: int) -> tuple[int, int, int]:
     return yoe + era * 400 + (month <= 2), month, day
 
 
-#: Days since 1970 by the date prefix of a timestamp text ("2024-05-06"): a CDC stream
-#: carries few distinct days, and a dict hit is cheaper than the calendar arithmetic.
-_DAY_CACHE: dict[bytes, int] = {}
-_DAY_CACHE_LIMIT = 4096
-
-
-def _date_prefix_days(prefix: bytes, dash: int) -> int:
-    days = _DAY_CACHE.get(prefix)
-    if days is None:
-        days = _days_from_civil(
-            int(prefix[:dash]), int(prefix[dash + 1 : dash + 3]), int(prefix[dash + 4 : dash + 6])
-        )
-        if len(_DAY_CACHE) >= _DAY_CACHE_LIMIT:
-            _DAY_CACHE.clear()
-        _DAY_CACHE[prefix] = days
-    return days
-
-
 # --------------------------------------------------------------------------- text parsers
 
 
 def _date_text_days(value: bytes) -> int:
     """ISO date text ("2024-05-06", "0044-03-15 BC", "infinity") to clamped days since 1970."""
+    if not value:
+        raise ValueError("empty date")
     if value[0] > 0x39 or value[0] == 0x2D:  # 'i' or '-': only the infinities
         if value == b"infinity":
             return DATE_MAX
@@ -294,6 +276,13 @@ def _timestamp_text_us(value: bytes, with_zone: bool) -> int:
     Forms: ``YYYY-MM-DD HH:MM:SS[.f{1,6}][+-HH[:MM[:SS]]][ BC]``, years of four or
     more digits, and ``infinity``/``-infinity``.
     """
+    try:
+        return _parse_timestamp(value, with_zone)
+    except IndexError as exc:  # truncated text: slicing past the end
+        raise ValueError(f"invalid timestamp {value!r}") from exc
+
+
+def _parse_timestamp(value: bytes, with_zone: bool) -> int:
     first = value[0]
     if first > 0x39 or first == 0x2D:  # 'i' or '-': only the infinities
         if value == b"infinity":
@@ -304,13 +293,11 @@ def _timestamp_text_us(value: bytes, with_zone: bool) -> int:
     end = len(value)
     dash = value.index(b"-", 4)
     t = dash + 7  # start of HH
+    year = int(value[:dash])
     if value.endswith(b" BC"):
         end -= 3
-        days = _days_from_civil(
-            1 - int(value[:dash]), int(value[dash + 1 : dash + 3]), int(value[dash + 4 : dash + 6])
-        )
-    else:
-        days = _date_prefix_days(value[: t - 1], dash)
+        year = 1 - year  # astronomical numbering: 1 BC is year 0
+    days = _days_from_civil(year, int(value[dash + 1 : dash + 3]), int(value[dash + 4 : dash + 6]))
     if value[t + 2] != 0x3A or value[t + 5] != 0x3A:  # ':'
         raise ValueError(f"invalid timestamp {value!r}")
     secs = int(value[t : t + 2]) * 3600 + int(value[t + 3 : t + 5]) * 60 + int(value[t + 6 : t + 8])
@@ -437,6 +424,10 @@ def _numeric_text_unscaled(value: bytes, scale: int) -> int:
     return int(digits[: len(digits) - (frac - scale)])
 
 
+#: Struct of n big-endian uint16 base-10000 digits, for the usual short numerics.
+_DIGITS = tuple(Struct(f"!{n}H") for n in range(64))
+
+
 def _numeric_binary(value: bytes) -> tuple[int, tuple[int, ...], int, int]:
     """numeric_send bytes to (sign, base-10000 digits, weight, dscale).
 
@@ -450,7 +441,10 @@ def _numeric_binary(value: bytes) -> tuple[int, tuple[int, ...], int, int]:
         raise _binary_error("numeric", exc) from exc
     if ndigits < 0 or len(value) != 8 + 2 * ndigits:
         raise _binary_error("numeric")
-    digits = tuple(digit for (digit,) in _U16.iter_unpack(value[8:]))
+    if ndigits < 64:
+        digits: tuple[int, ...] = _DIGITS[ndigits].unpack_from(value, 8)
+    else:
+        digits = tuple(digit for (digit,) in _U16.iter_unpack(value[8:]))
     return sign, digits, weight, dscale
 
 
@@ -518,10 +512,26 @@ def _decimal_codec(precision: int, scale: int) -> ColumnCodec:
         return unscaled
 
     def from_text(value: bytes) -> bytes:
-        return encode_decimal(checked(_numeric_text_unscaled(value, avro_scale)))
+        dot = value.find(b".")
+        if dot > 0 and len(value) - dot - 1 == avro_scale:
+            # PostgreSQL prints exactly the column's scale: the common case.
+            unscaled = int(value[:dot] + value[dot + 1 :])
+        else:
+            unscaled = _numeric_text_unscaled(value, avro_scale)
+        if not -limit < unscaled < limit:
+            raise ValueError(f"numeric value exceeds decimal({avro_precision},{avro_scale})")
+        # Avro decimal: minimal two's-complement big-endian bytes, length-prefixed.
+        data = unscaled.to_bytes(
+            (unscaled + (unscaled < 0)).bit_length() // 8 + 1, "big", signed=True
+        )
+        return encode_long_fast(len(data)) + data
 
     def from_binary(value: bytes) -> bytes:
-        return encode_decimal(checked(_numeric_binary_unscaled(value, avro_scale)))
+        unscaled = checked(_numeric_binary_unscaled(value, avro_scale))
+        data = unscaled.to_bytes(
+            (unscaled + (unscaled < 0)).bit_length() // 8 + 1, "big", signed=True
+        )
+        return encode_long_fast(len(data)) + data
 
     def to_python(value: bytes) -> Decimal:
         return Decimal(f"{checked(_numeric_text_unscaled(value, avro_scale))}E-{avro_scale}")
@@ -1208,7 +1218,13 @@ class _RecordRenderer:
 
     def _field_renderer(self, oid: int) -> Renderer:
         if oid not in self._fields:
-            self._fields[oid] = _binary_renderer(self._catalog.lookup(oid), self._catalog)
+            try:
+                field_type = self._catalog.lookup(oid)
+            except KeyError as exc:
+                raise ValueError(
+                    f"{self._type_name} value has a field of unknown type: {exc}"
+                ) from exc
+            self._fields[oid] = _binary_renderer(field_type, self._catalog)
         renderer = self._fields[oid]
         if renderer is None:
             name = self._catalog.lookup(oid).name
@@ -1408,6 +1424,11 @@ def _dimension_error(found: int, expected: int) -> ValueError:
 # --------------------------------------------------------------------------- codecs
 
 
+def _encode_text(value: bytes) -> bytes:
+    """Avro string/bytes of the value as sent: length prefix, then the same bytes."""
+    return encode_long_fast(len(value)) + value
+
+
 def _to_str(value: bytes) -> str:
     return value.decode("utf-8")
 
@@ -1416,12 +1437,12 @@ def _string_codec(pg_type: PgType, catalog: TypeCatalog, avro_type: Any = "strin
     renderer = _binary_renderer(pg_type, catalog)
     from_binary: Encoder
     if renderer is _render_identity:
-        from_binary = encode_bytes  # text-like: the binary form is the text itself
+        from_binary = _encode_text  # text-like: the binary form is the text itself
     elif renderer is not None:
         render = renderer
 
         def from_binary(value: bytes) -> bytes:
-            return encode_bytes(render(value))
+            return _encode_text(render(value))
 
     else:
         message = _unsupported_binary_message(f"{pg_type.namespace}.{pg_type.name}")
@@ -1429,19 +1450,20 @@ def _string_codec(pg_type: PgType, catalog: TypeCatalog, avro_type: Any = "strin
         def from_binary(value: bytes) -> bytes:
             raise ValueError(message)
 
-    return ColumnCodec(avro_type, encode_bytes, from_binary, _to_str)
+    return ColumnCodec(avro_type, _encode_text, from_binary, _to_str)
+
+
+def _int_from_text(value: bytes) -> bytes:
+    return encode_long_fast(int(value))
 
 
 def _fixed_int_codec(avro_type: str, size: int, signed: bool) -> ColumnCodec:
-    def from_text(value: bytes) -> bytes:
-        return encode_long(int(value))
-
     def from_binary(value: bytes) -> bytes:
         if len(value) != size:
             raise _binary_error(f"{size}-byte integer")
-        return encode_long(int.from_bytes(value, "big", signed=signed))
+        return encode_long_fast(int.from_bytes(value, "big", signed=signed))
 
-    return ColumnCodec(avro_type, from_text, from_binary, int)
+    return ColumnCodec(avro_type, _int_from_text, from_binary, int)
 
 
 _BOOL_TEXT = {b"t": TRUE, b"f": FALSE}
@@ -1505,14 +1527,14 @@ _FLOAT8_CODEC = ColumnCodec("double", _float8_from_text, _float8_from_binary, fl
 
 
 def _bytea_from_text(value: bytes) -> bytes:
-    return encode_bytes(_bytea_text(value))
+    return _encode_text(_bytea_text(value))
 
 
-_BYTEA_CODEC = ColumnCodec("bytes", _bytea_from_text, encode_bytes, _bytea_text)
+_BYTEA_CODEC = ColumnCodec("bytes", _bytea_from_text, _encode_text, _bytea_text)
 
 
 def _uuid_from_binary(value: bytes) -> bytes:
-    return encode_bytes(_render_uuid(value))
+    return _encode_text(_render_uuid(value))
 
 
 def _uuid_to_python(value: bytes) -> uuid.UUID:
@@ -1520,12 +1542,12 @@ def _uuid_to_python(value: bytes) -> uuid.UUID:
 
 
 _UUID_CODEC = ColumnCodec(
-    {"type": "string", "logicalType": "uuid"}, encode_bytes, _uuid_from_binary, _uuid_to_python
+    {"type": "string", "logicalType": "uuid"}, _encode_text, _uuid_from_binary, _uuid_to_python
 )
 
 
 def _date_from_text(value: bytes) -> bytes:
-    return encode_long(_date_text_days(value))
+    return encode_long_fast(_date_text_days(value))
 
 
 def _date_from_binary(value: bytes) -> bytes:
@@ -1533,7 +1555,7 @@ def _date_from_binary(value: bytes) -> bytes:
         raise _binary_error("date")
     (days,) = _I32.unpack(value)
     days += _PG_EPOCH_DAYS  # infinity (INT32 max/min) lands far outside and clamps
-    return encode_long(DATE_MAX if days > DATE_MAX else DATE_MIN if days < DATE_MIN else days)
+    return encode_long_fast(DATE_MAX if days > DATE_MAX else DATE_MIN if days < DATE_MIN else days)
 
 
 def _date_to_python(value: bytes) -> date:
@@ -1546,14 +1568,14 @@ _DATE_CODEC = ColumnCodec(
 
 
 def _time_from_text(value: bytes) -> bytes:
-    return encode_long(_time_text_us(value))
+    return encode_long_fast(_time_text_us(value))
 
 
 def _time_from_binary(value: bytes) -> bytes:
     if len(value) != 8:
         raise _binary_error("time")
     (micros,) = _I64.unpack(value)
-    return encode_long(TIME_MAX if micros > TIME_MAX else micros)
+    return encode_long_fast(TIME_MAX if micros > TIME_MAX else micros)
 
 
 def _time_to_python(value: bytes) -> time:
@@ -1571,12 +1593,56 @@ _TIME_CODEC = ColumnCodec(
 )
 
 
+#: The last timestamp text converted and its encoding: rows of one transaction often
+#: share a value (``DEFAULT now()`` is the transaction's start time). One tuple, so
+#: that a reader never pairs a value with another value's encoding.
+_LAST_TIMESTAMP: list[tuple[bytes, bytes]] = [(b"", b"")]
+_LAST_TIMESTAMPTZ: list[tuple[bytes, bytes]] = [(b"", b"")]
+_ONE_MICROSECOND = timedelta(microseconds=1)
+_fromisoformat = datetime.fromisoformat
+
+
 def _timestamp_from_text(value: bytes) -> bytes:
-    return encode_long(_timestamp_text_us(value, False))
+    last = _LAST_TIMESTAMP[0]
+    if value == last[0]:
+        return last[1]
+    try:
+        # C fast path for years 1..9999 AD, always in range; infinity, BC and
+        # five-digit years raise and take the general parser.
+        parsed = _fromisoformat(value.decode("ascii"))
+    except ValueError:
+        parsed = None
+    if parsed is not None and parsed.tzinfo is None and len(value) >= 19:
+        micros = (parsed - _UNIX_EPOCH) // _ONE_MICROSECOND
+    else:
+        micros = _timestamp_text_us(value, False)
+    encoded = encode_long_fast(micros)
+    _LAST_TIMESTAMP[0] = (value, encoded)
+    return encoded
 
 
 def _timestamptz_from_text(value: bytes) -> bytes:
-    return encode_long(_timestamp_text_us(value, True))
+    last = _LAST_TIMESTAMPTZ[0]
+    if value == last[0]:
+        return last[1]
+    try:
+        # C fast path for years 1..9999 AD with any offset (+00, -03, +05:30,
+        # +00:53:28); infinity, BC and five-digit years take the general parser.
+        parsed = _fromisoformat(value.decode("ascii"))
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        micros = _timestamp_text_us(value, True)
+    else:
+        micros = (parsed - _UNIX_EPOCH_UTC) // _ONE_MICROSECOND
+        # The offset can carry 0001-01-01 or 9999-12-31 past the clamp bounds.
+        if micros > TIMESTAMP_MAX:
+            micros = TIMESTAMP_MAX
+        elif micros < TIMESTAMP_MIN:
+            micros = TIMESTAMP_MIN
+    encoded = encode_long_fast(micros)
+    _LAST_TIMESTAMPTZ[0] = (value, encoded)
+    return encoded
 
 
 def _timestamp_from_binary(value: bytes) -> bytes:
@@ -1589,7 +1655,7 @@ def _timestamp_from_binary(value: bytes) -> bytes:
         micros = TIMESTAMP_MAX
     elif micros < TIMESTAMP_MIN:
         micros = TIMESTAMP_MIN
-    return encode_long(micros)
+    return encode_long_fast(micros)
 
 
 def _timestamp_to_python(value: bytes) -> datetime:

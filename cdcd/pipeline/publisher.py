@@ -133,7 +133,14 @@ class Publisher:
         headers = [("cdcd.lsn", stamp.lsn_header), ("cdcd.seq", str(self._seq).encode("ascii"))]
         self._seq += 1
         ticket.add()
-        self._producer.produce(topic, key, value, headers, ticket.on_delivery)
+        try:
+            self._producer.produce(topic, key, value, headers, ticket.on_delivery)
+        except DefiniteError as exc:
+            # Name the transaction, so the operator can find the row.
+            raise DefiniteError(
+                f"{exc.args[0]} (transaction committed at LSN {stamp.lsn}, xid {stamp.xid})",
+                hint=exc.hint,
+            ) from exc
 
     def _count(self, table: TableVersion, op: str) -> None:
         name = table.qualified_name

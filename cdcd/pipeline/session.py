@@ -26,8 +26,6 @@ import threading
 import time
 from typing import Any
 
-from cdcd.source.catalog import PgCatalog, column_dimensions
-
 from cdcd.ack.tracker import AckTracker, TxnTicket
 from cdcd.config.model import CdcdConfig
 from cdcd.decode.relations import RelationCache
@@ -40,7 +38,8 @@ from cdcd.pipeline.publisher import HEARTBEAT_PREFIX, Publisher
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import TopicSpec, ensure_topics
+from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics
+from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import SourceDatabase, split_table
 from cdcd.source.replication import ReplicationStream
 
@@ -57,6 +56,7 @@ class SessionState:
 
     def __init__(self) -> None:
         self.streaming = False
+        self.ever_streamed = False
         self.last_beat = time.monotonic()
         self.confirmed: Lsn | None = None
 
@@ -163,6 +163,7 @@ class Session:
         start = slot.confirmed_flush_lsn or Lsn(0)
         log.info("resuming slot %s at %s", pg.slot, start, extra={"slot": pg.slot, "lsn": str(start)})
 
+        check_broker(cfg.kafka.bootstrap_servers, dict(cfg.kafka.producer), timeout_s=10.0)
         sink = self._sink = KafkaSink(
             build_producer_config(cfg.kafka.bootstrap_servers, dict(cfg.kafka.producer), "cdcd"),
             create_topics=cfg.kafka.create_topics,
@@ -189,7 +190,9 @@ class Session:
             metrics=self.metrics,
             transaction_records=cfg.kafka.transaction_records,
         )
-        assembler = TransactionAssembler(relations, publisher, pg.stream_spill_bytes, pg.spill_dir)
+        assembler = TransactionAssembler(
+            relations, publisher, pg.stream_spill_bytes, pg.spill_dir, pg.protocol_version
+        )
         decoder = PgOutputDecoder(pg.protocol_version)
         stream = self._stream = ReplicationStream(
             pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.binary, pg.connect_timeout_s
@@ -226,7 +229,7 @@ class Session:
             message = read()
             if message is not None:
                 payload = message.payload
-                feed(decode(payload), len(payload))
+                feed(decode(payload), payload)
                 count += 1
                 received += len(payload)
                 last_lsn = message.data_start
@@ -318,6 +321,7 @@ class Session:
 
     def _set_streaming(self, streaming: bool) -> None:
         self.state.streaming = streaming
+        self.state.ever_streamed |= streaming
         if self.metrics is not None:
             self.metrics.set_streaming(streaming)
         if self._on_streaming is not None:

@@ -300,13 +300,20 @@ class PgOutputDecoder:
         if self.in_stream:
             raise ProtocolError("Stream Start inside an open stream block", 0, buf)
         _need(buf, 1, _STREAM_START.size, "Stream Start")
+        end = 1 + _STREAM_START.size
+        if len(buf) != end:  # checked here: a rejected message must not open a stream
+            raise ProtocolError(f"{len(buf) - end} trailing bytes after StreamStart", end, buf)
         xid, first = _STREAM_START.unpack_from(buf, 1)
+        if first > 1:
+            raise ProtocolError(f"Stream Start first-segment flag {first} is not 0 or 1", 5, buf)
         self.in_stream = True
-        return StreamStart(xid, first == 1), 1 + _STREAM_START.size
+        return StreamStart(xid, first == 1), end
 
     def _stream_stop(self, buf: bytes) -> tuple[Message, int]:
         if not self.in_stream:
             raise ProtocolError("Stream Stop without Stream Start", 0, buf)
+        if len(buf) != 1:
+            raise ProtocolError(f"{len(buf) - 1} trailing bytes after StreamStop", 1, buf)
         self.in_stream = False
         return StreamStop(), 1
 

@@ -43,7 +43,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit 
 )
 
 from cdcd.config.model import KafkaConfig
-from cdcd.errors import CdcdError, DefiniteError, TransientError
+from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
 
 __all__ = [
     "TopicSpec",
@@ -189,7 +189,17 @@ class _Admin:
             self.where = f"Kafka at {target}"
             config = admin_config(target, producer_props)
             config["error_cb"] = self.errors.append
-            self.client = AdminClient(config)
+            config["logger"] = logging.getLogger("cdcd.kafka")
+            try:
+                self.client = AdminClient(config)
+            except KafkaException as exc:
+                detail = (
+                    exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc
+                )
+                raise ConfigError(
+                    f"kafka.producer: {detail}",
+                    hint="fix the connection/security properties (ssl.*, sasl.*) in kafka.producer",
+                ) from exc
         else:
             self.where = "Kafka"
             self.client = target

@@ -62,7 +62,9 @@ def make_rows(count: int) -> tuple[list[list[bytes]], list[list[bytes]]]:
         cents = rng.randrange(1, 10_000_000)
         micros = base_us + i * 1_234
         secs, frac = divmod(micros, 1_000_000)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(secs)) + f".{frac:06d}+00"
+        # As PostgreSQL prints it with TimeZone=UTC: trailing fraction zeros trimmed.
+        fraction = "." + f"{frac:06d}".rstrip("0") if frac else ""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(secs)) + fraction + "+00"
         note = hashlib.md5(str(i).encode()).hexdigest().encode()
         payload = json.dumps({"k": i, "v": "x" * (i % 7)}).encode()
         text_rows.append(
@@ -138,7 +140,9 @@ def main() -> None:
         detail = ", ".join(
             f"{name} {us:.2f}" for (name, _oid, _typmod), us in zip(COLUMNS, split, strict=True)
         )
-        print(f"{label:6s}: {total:.2f} µs/row ({1e6 / total:,.0f} rows/s); per column µs: {detail}")
+        print(
+            f"{label:6s}: {total:.2f} µs/row ({1e6 / total:,.0f} rows/s); per column µs: {detail}"
+        )
 
 
 if __name__ == "__main__":

@@ -314,8 +314,8 @@ SPECS: tuple[Spec, ...] = (
             "'<a>x</a>'",
             "'<?xml version=\"1.0\"?><b/>'",
             "'text node'",
-            "'<?xml version=\"1.0\" standalone=\"yes\"?><c/>'",
-            "'<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<d>ü</d>'",
+            '\'<?xml version="1.0" standalone="yes"?><c/>\'',
+            '\'<?xml version="1.0" encoding="UTF-8"?>\n<d>ü</d>\'',
         ),
     ),
     Spec("bt", "bit(4)", ("B'1010'", "B'0000'")),
@@ -641,9 +641,7 @@ def test_unrepresentable_values_raise(pg: PgDatabase) -> None:
     conn = pg.connect()
     create_publication(conn, "pub", ["bad"])
     create_slot(conn, "slot")
-    pg.execute(
-        "INSERT INTO bad VALUES (1, 'NaN', '{{1,2},{3,4}}'), (2, NULL, '[0:0][1:1]={{5}}')"
-    )
+    pg.execute("INSERT INTO bad VALUES (1, 'NaN', '{{1,2},{3,4}}'), (2, NULL, '[0:0][1:1]={{5}}')")
     catalog = PgCatalog(conn)
     for binary in (False, True):
         relation, inserts = _read_inserts(pg, binary, "UTC")

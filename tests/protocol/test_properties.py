@@ -390,11 +390,6 @@ def test_bad_value_length_reports_the_length_field_offset(length: int) -> None:
     assert info.value.offset == 9  # where the Int32 length starts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decoder bug (reported): Stream Start sets in_stream before the trailing-bytes "
-    "check, so a rejected message still opens a stream block",
-)
 def test_a_rejected_stream_start_leaves_the_stream_state_alone() -> None:
     decoder = PgOutputDecoder(2)
     with pytest.raises(ProtocolError):
@@ -402,11 +397,6 @@ def test_a_rejected_stream_start_leaves_the_stream_state_alone() -> None:
     assert decoder.in_stream is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decoder bug (reported): Stream Stop clears in_stream before the trailing-bytes "
-    "check, so a rejected message still closes the stream block",
-)
 def test_a_rejected_stream_stop_leaves_the_stream_state_alone() -> None:
     decoder = PgOutputDecoder(2)
     decoder.decode(encode(StreamStart(7, True)))

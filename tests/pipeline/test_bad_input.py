@@ -1,0 +1,150 @@
+"""Bad input gives the documented exit code and one readable line (SPEC §2).
+
+0 ok, 1 runtime failure, 2 usage or configuration error. No traceback
+without ``--debug``. A row bigger than the producer's ``message.max.bytes``
+stops the daemon with exit 1, and the slot is not confirmed past the
+transaction before it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from support.cdc import PROJECT_ROOT, DaemonProcess, wait_for, write_config
+from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
+
+from cdcd.local.postgres import free_port
+
+
+def _cdcd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("cdcd: error")]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def _config(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+BASE = {"postgres": {"dsn": "host=127.0.0.1 dbname=x"}, "kafka": {"bootstrap_servers": "127.0.0.1:1"}}
+
+
+def test_unknown_key_is_exit_2_naming_the_field(tmp_path: Path) -> None:
+    data = {**BASE, "postgres": {**BASE["postgres"], "slott": "x"}}
+    result = _cdcd("run", "-c", str(_config(tmp_path, data)))
+    assert result.returncode == 2
+    assert "postgres.slott" in _one_line(result)
+
+
+def test_wrong_type_is_exit_2_naming_the_field(tmp_path: Path) -> None:
+    data = {**BASE, "kafka": {**BASE["kafka"], "partitions": "many"}}
+    result = _cdcd("check", "-c", str(_config(tmp_path, data)))
+    assert result.returncode == 1  # check reports the failed config check
+    result = _cdcd("run", "-c", str(_config(tmp_path, data)))
+    assert result.returncode == 2
+    assert "kafka.partitions" in _one_line(result)
+
+
+def test_missing_file_and_bad_usage_are_exit_2(tmp_path: Path) -> None:
+    result = _cdcd("run", "-c", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2
+    assert "absent.yaml" in _one_line(result)
+    result = _cdcd("frobnicate")
+    assert result.returncode == 2
+    _one_line(result)
+
+
+@pytest.mark.integration
+def test_unreachable_postgres_is_exit_1(tmp_path: Path, broker) -> None:
+    data = {**BASE, "postgres": {"dsn": f"host=127.0.0.1 port={free_port()} dbname=x user=x "
+                                        "password=hunter2 connect_timeout=2"},
+            "kafka": {"bootstrap_servers": broker.bootstrap_servers},
+            "metrics": {"listen": "127.0.0.1:0"}}
+    started = time.monotonic()
+    result = _cdcd("run", "-c", str(_config(tmp_path, data)))
+    assert result.returncode == 1
+    line = _one_line(result)
+    assert "PostgreSQL unreachable" in line and "hunter2" not in result.stderr
+    assert time.monotonic() - started < 90
+    check = _cdcd("check", "-c", str(_config(tmp_path, data)))
+    assert check.returncode == 1 and "FAIL postgres" in check.stdout and "hunter2" not in check.stdout
+
+
+@pytest.mark.integration
+def test_unreachable_broker_is_exit_1(tmp_path: Path, pg) -> None:
+    data = {"postgres": {"dsn": pg.dsn}, "kafka": {"bootstrap_servers": f"127.0.0.1:{free_port()}"},
+            "metrics": {"listen": "127.0.0.1:0"}}
+    result = _cdcd("run", "-c", str(_config(tmp_path, data)))
+    assert result.returncode == 1
+    assert "127.0.0.1" in _one_line(result)
+    check = _cdcd("check", "-c", str(_config(tmp_path, data)))
+    assert check.returncode == 1 and "FAIL kafka" in check.stdout
+
+
+@pytest.mark.integration
+def test_wal_level_replica_is_exit_1_with_hint(tmp_path: Path, make_pg_cluster, broker) -> None:
+    cluster = make_pg_cluster(settings={"wal_level": "replica"})
+    data = {"postgres": {"dsn": cluster.dsn()}, "kafka": {"bootstrap_servers": broker.bootstrap_servers},
+            "metrics": {"listen": "127.0.0.1:0"}}
+    result = _cdcd("run", "-c", str(_config(tmp_path, data)))
+    assert result.returncode == 1
+    line = _one_line(result)
+    assert "wal_level" in line and "ALTER SYSTEM SET wal_level = logical" in line
+    check = _cdcd("check", "-c", str(_config(tmp_path, data)))
+    assert check.returncode == 1 and "FAIL wal_level" in check.stdout
+
+
+@pytest.mark.integration
+def test_missing_publication_is_exit_1(tmp_path: Path, pg, broker) -> None:
+    data = {"postgres": {"dsn": pg.dsn, "publication": "nope", "create_publication": False},
+            "kafka": {"bootstrap_servers": broker.bootstrap_servers},
+            "metrics": {"listen": "127.0.0.1:0"}}
+    result = _cdcd("run", "-c", str(_config(tmp_path, data)))
+    assert result.returncode == 1
+    assert "publication nope does not exist" in _one_line(result)
+
+
+@pytest.mark.integration
+def test_row_over_message_max_bytes_stops_before_its_transaction(pg, broker, tmp_path: Path) -> None:
+    conn = pg.connect()
+    conn.cursor().execute("CREATE TABLE big(id int PRIMARY KEY, body text)")
+    slot = "cdcd_big"
+    config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers, prefix=pg.dbname,
+                          slot=slot, tables=["public.big"],
+                          kafka={"producer": {"message.max.bytes": 100000}})
+    daemon = DaemonProcess(config, tmp_path / "daemon.log")
+    try:
+        wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
+                                     "AND active", (slot,)), what="streaming")
+        conn.cursor().execute("INSERT INTO big VALUES (1, 'small')")
+        before_big = current_wal_lsn(conn)
+        wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= before_big, what="small row confirmed")
+        # Incompressible text, so no codec can bring it under the limit.
+        conn.cursor().execute("INSERT INTO big SELECT 2, string_agg(md5(random()::text), '') "
+                              "FROM generate_series(1, 8000)")
+        assert daemon.wait(60) == 1
+        log = daemon.log()
+        errors = [line for line in log.splitlines() if line.startswith("cdcd: error")]
+        assert len(errors) == 1, log
+        assert "public.big" in errors[0] and "message.max.bytes" in errors[0], log
+        assert "LSN" in errors[0], log
+        time.sleep(1)
+        assert slot_confirmed_flush_lsn(conn, slot) <= before_big
+    finally:
+        if daemon.alive():
+            daemon.kill9()

@@ -1,0 +1,140 @@
+"""Outages the daemon must ride out by itself: a frozen broker, a crashed PostgreSQL.
+
+* Broker frozen (SIGSTOP) for 30 s under load, then resumed: the same daemon
+  process carries on, confirmation never passes what was delivered (nothing
+  committed after the freeze is confirmed while the broker is frozen), and
+  the replayed topics equal the tables.
+* ``pg_ctl restart -m immediate`` under load: the daemon reconnects with
+  backoff and resumes at the slot's confirmed position; nothing is lost.
+
+tansu vs Kafka: a SIGSTOPped tansu accepts TCP connections but never
+answers, like a hung broker; librdkafka retries (idempotently) until
+``message.timeout.ms``, which is longer than the freeze.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from support.cdc import DaemonProcess, read_changes, replay, wait_for, write_config
+from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
+from support.workload import KEYS, Workload, table_rows
+
+pytestmark = pytest.mark.integration
+TABLES = ["public.accounts", "public.items", "public.ledger"]
+
+
+def _normalize(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: Decimal(v) if k == "amount" and isinstance(v, str) else v for k, v in row.items()}
+
+
+def _assert_replay_equals_tables(conn: Any, bootstrap: str, prefix: str) -> None:
+    for table in ("accounts", "items", "ledger"):
+        changes = read_changes(bootstrap, prefix, [f"{prefix}.public.{table}"])
+        mirrored = {k: _normalize(v) for k, v in replay(changes, KEYS[table]).items()}
+        assert mirrored == {k: _normalize(v) for k, v in table_rows(conn, table).items()}, table
+
+
+class _Writer:
+    """Commits random transactions in a thread until stopped, surviving server crashes."""
+
+    def __init__(self, connect: Any, workload: Workload) -> None:
+        self._connect = connect
+        self.workload = workload
+        self.stop = threading.Event()
+        self.errors = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        conn = None
+        while not self.stop.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                    conn.autocommit = False
+                self.workload.transaction(conn)
+            except psycopg2.Error:
+                self.errors += 1
+                conn = None
+                time.sleep(0.2)
+            time.sleep(0.01)
+
+    def __enter__(self) -> _Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def test_frozen_broker_for_30s(pg, make_broker, tmp_path: Path) -> None:
+    broker = make_broker()
+    conn = pg.connect()
+    workload = Workload(seed=3)
+    workload.create(conn)
+    slot = "cdcd_outage"
+    config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers, prefix=pg.dbname,
+                          slot=slot, tables=TABLES)
+    daemon = DaemonProcess(config, tmp_path / "daemon.log")
+    try:
+        wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
+                                     "AND active", (slot,)), what="streaming")
+        with _Writer(pg.connect, workload):
+            time.sleep(3)
+            broker.freeze()
+            frozen_at = current_wal_lsn(conn)
+            during = []
+            for _ in range(30):
+                time.sleep(1)
+                during.append(slot_confirmed_flush_lsn(conn, slot))
+            broker.thaw()
+            time.sleep(3)
+        assert max(during) <= frozen_at, "confirmed past what could have been delivered"
+        assert daemon.alive(), "the daemon should ride out a broker outage: " + daemon.log()[-2000:]
+        target = current_wal_lsn(conn)
+        wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,
+                 what="catch-up after the outage")
+        assert daemon.terminate() == 0, daemon.log()
+        _assert_replay_equals_tables(conn, broker.bootstrap_servers, pg.dbname)
+    finally:
+        if daemon.alive():
+            daemon.kill9()
+
+
+def test_postgres_immediate_restart(make_pg_cluster, broker, tmp_path: Path) -> None:
+    cluster = make_pg_cluster()
+    cluster.create_database("app")
+    conn = cluster.connect("app")
+    workload = Workload(seed=5)
+    workload.create(conn)
+    slot = "cdcd_restart"
+    config = write_config(tmp_path / "c.yaml", cluster.dsn("app"), broker.bootstrap_servers,
+                          prefix="restart", slot=slot, tables=TABLES)
+    daemon = DaemonProcess(config, tmp_path / "daemon.log")
+    try:
+        wait_for(lambda: cluster.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
+                                         "AND active", (slot,), dbname="app"), what="streaming")
+        with _Writer(lambda: cluster.connect("app"), workload):
+            time.sleep(3)
+            conn.close()
+            cluster.restart(mode="immediate")
+            time.sleep(6)
+        conn = cluster.connect("app")
+        assert daemon.alive(), daemon.log()[-2000:]
+        target = current_wal_lsn(conn)
+        wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,
+                 what="catch-up after the restart")
+        assert daemon.terminate() == 0, daemon.log()
+        assert "reconnecting" in daemon.log()
+        _assert_replay_equals_tables(conn, broker.bootstrap_servers, "restart")
+        conn.close()
+    finally:
+        if daemon.alive():
+            daemon.kill9()

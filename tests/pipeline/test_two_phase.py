@@ -1,0 +1,49 @@
+"""Two-phase commit (protocol v3): published at COMMIT PREPARED, never at PREPARE.
+
+While a transaction is prepared, the slot's confirmed position must stay at
+or before its PREPARE: PostgreSQL skips a PREPARE that lies before the
+confirmed position on reconnect, and a later COMMIT PREPARED would then
+arrive without its data.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support.cdc import read_changes, wait_for
+from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
+
+pytestmark = pytest.mark.integration
+
+
+def test_prepared_transactions_publish_once_at_commit_prepared(pg, broker, cdc_config, daemons) -> None:
+    conn = pg.connect()
+    conn.cursor().execute("CREATE TABLE t(id int PRIMARY KEY, v text)")
+    daemon = daemons(cdc_config(tables=["public.t"], postgres={"protocol_version": 3}))
+    slot = "cdcd_" + pg.dbname[:50]
+    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active "
+                                 "AND two_phase", (slot,)), what="two-phase slot streaming")
+    topic = f"{pg.dbname}.public.t"
+
+    cur = pg.connect().cursor()  # autocommit: BEGIN/PREPARE are sent as plain statements
+    cur.execute("BEGIN; INSERT INTO t VALUES (1, 'prepared-then-committed'); PREPARE TRANSACTION 'g1'")
+    prepared_at = current_wal_lsn(conn)
+    conn.cursor().execute("INSERT INTO t VALUES (100, 'later plain transaction')")
+    time.sleep(3)
+    # The later transaction is delivered, but confirmation is held before g1's PREPARE.
+    assert slot_confirmed_flush_lsn(conn, slot) <= prepared_at
+    published = read_changes(broker.bootstrap_servers, pg.dbname, [topic], idle_s=2)
+    assert [c.value["after"]["id"] for c in published if c.value] == [100]
+
+    cur.execute("COMMIT PREPARED 'g1'")
+    cur.execute("BEGIN; INSERT INTO t VALUES (2, 'prepared-then-rolled-back'); PREPARE TRANSACTION 'g2'")
+    cur.execute("ROLLBACK PREPARED 'g2'")
+    conn.cursor().execute("INSERT INTO t VALUES (3, 'after')")
+    target = current_wal_lsn(conn)
+    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
+    assert daemon.terminate() == 0, daemon.log()
+
+    changes = read_changes(broker.bootstrap_servers, pg.dbname, [topic])
+    ids = [c.value["after"]["id"] for c in sorted(changes, key=lambda c: (c.lsn, c.seq)) if c.value]
+    assert ids == [100, 1, 3]  # once each, in commit order; g2 never

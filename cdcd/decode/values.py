@@ -55,6 +55,18 @@ PostgreSQL quirks handled, and interpretations of the SPEC
 * ``int2vector``/``oidvector`` are category 'A' but not arrays: strings.
 * ``"char"`` bytes with the high bit set print as ``\\ooo`` octal (PG 15).
 * bytea text is hex (``\\x...``); the old escape format is accepted too.
+* Text-like values are copied, not validated: pgoutput sends them in the
+  database encoding, which cdcd requires to be UTF8 (``cdcd check``).
+* In binary mode a float NaN keeps its payload bits (any NaN decodes as NaN).
+
+Speed
+-----
+Codecs are closures built once per column; the per-row work is slicing and
+``int()`` on the bytes PostgreSQL sent (text values are not even decoded). Varints use the table-driven ``encode_long_fast``.
+Timestamps in years 1..9999 take ``datetime.fromisoformat`` (C) and fall
+back to the general parser for infinity, BC and five-digit years; the last
+timestamp text seen is memoized, because rows of one transaction often share
+``DEFAULT now()``. ``tests/bench/bench_values.py`` measures the SPEC §9 row.
 
 Binary (typsend) format
 -----------------------
@@ -515,7 +527,7 @@ def _decimal_codec(precision: int, scale: int) -> ColumnCodec:
         dot = value.find(b".")
         if dot > 0 and len(value) - dot - 1 == avro_scale:
             # PostgreSQL prints exactly the column's scale: the common case.
-            unscaled = int(value[:dot] + value[dot + 1 :])
+            unscaled = int(value.replace(b".", b""))
         else:
             unscaled = _numeric_text_unscaled(value, avro_scale)
         if not -limit < unscaled < limit:
@@ -1044,7 +1056,7 @@ _TEXT_SEND_EXTENSION_TYPES = frozenset({"citext"})
 
 
 def _quote_element(text: bytes, specials: bytes, quote_null: bool) -> bytes:
-    """Quote like array_out / record_out / range_bound_escape: double \" and \\ inside quotes."""
+    """array_out quoting: quotes when needed, a backslash before each \" and \\ inside."""
     needs = not text or (quote_null and text.upper() == b"NULL")
     if not needs:
         for c in text:
@@ -1086,11 +1098,13 @@ def _parse_binary_array(value: bytes) -> tuple[list[int], list[int], list[bytes 
             lengths.append(length)
             bounds.append(lower)
         pos = 12 + 8 * ndim
-        total = 1
+        total = 1 if ndim else 0
         for length in lengths:
             total *= length
-        if not ndim:
-            total = 0
+        # Each element takes at least 4 bytes. A zero length only comes with
+        # int2vector/oidvector ("" is sent as one dimension of length 0).
+        if any(length < 0 for length in lengths) or total * 4 > len(value) - pos:
+            raise _binary_error("array")
         items: list[bytes | None] = []
         append = items.append
         unpack_from = _I32.unpack_from
@@ -1115,7 +1129,7 @@ def _array_renderer(element: Renderer, delimiter: bytes) -> Renderer:
 
     def render(value: bytes) -> bytes:
         lengths, bounds, items = _parse_binary_array(value)
-        if not lengths:
+        if not items:
             return b"{}"
         texts = [
             b"NULL" if item is None else _quote_element(element(item), specials, True)
@@ -1778,7 +1792,7 @@ def _array_codec(element: ColumnCodec, delimiter: bytes, dims: int) -> ColumnCod
 
     def from_binary(value: bytes) -> bytes:
         lengths, _bounds, items = _parse_binary_array(value)
-        if not lengths:
+        if not items:
             return EMPTY_ARRAY
         if len(lengths) != dims:
             raise _dimension_error(len(lengths), dims)

@@ -4,7 +4,9 @@ Run: ``.venv/bin/python tests/bench/bench_values.py [--rows N]``.
 
 Converts pre-generated pgoutput values of the 8 ``orders`` columns (int8,
 int4, text 'shipped', numeric(12,2), timestamptz, md5 text, bool, jsonb) to
-Avro binary with the codecs, in text format and in binary format, and prints
+Avro binary with the codecs, in text format and in binary format (and in text
+format with ``created_at`` shared per 10-row transaction, as ``DEFAULT now()``
+gives), and prints
 µs per row (codec calls only, plus the join into one record body as the
 envelope does) and the per-column split.
 """
@@ -50,8 +52,12 @@ def _numeric_send(cents: int) -> bytes:
     return struct.pack(f"!hhHh{len(digits)}H", len(digits), weight, 0, 2, *digits)
 
 
-def make_rows(count: int) -> tuple[list[list[bytes]], list[list[bytes]]]:
-    """The same rows in text format and in binary (typsend) format."""
+def make_rows(count: int, txn_now: bool = False) -> tuple[list[list[bytes]], list[list[bytes]]]:
+    """The same rows in text format and in binary (typsend) format.
+
+    ``txn_now``: ``created_at`` is shared by each 10-row transaction, as with the
+    workload's ``DEFAULT now()``; otherwise every row has its own timestamp.
+    """
     rng = random.Random(7)
     text_rows: list[list[bytes]] = []
     binary_rows: list[list[bytes]] = []
@@ -60,7 +66,7 @@ def make_rows(count: int) -> tuple[list[list[bytes]], list[list[bytes]]]:
         row_id = 1_000_000 + i
         customer = rng.randrange(1, 100_000)
         cents = rng.randrange(1, 10_000_000)
-        micros = base_us + i * 1_234
+        micros = base_us + (i - i % 10 if txn_now else i) * 1_234
         secs, frac = divmod(micros, 1_000_000)
         # As PostgreSQL prints it with TimeZone=UTC: trailing fraction zeros trimmed.
         fraction = "." + f"{frac:06d}".rstrip("0") if frac else ""
@@ -127,9 +133,11 @@ def main() -> None:
     catalog = StaticCatalog()
     codecs = [column_codec(oid, typmod, catalog) for _name, oid, typmod in COLUMNS]
     text_rows, binary_rows = make_rows(args.rows)
+    txn_rows, _ = make_rows(args.rows, txn_now=True)
     for label, rows, encoders in (
         ("text", text_rows, [c.from_text for c in codecs]),
         ("binary", binary_rows, [c.from_binary for c in codecs]),
+        ("text, created_at = now() per 10-row txn", txn_rows, [c.from_text for c in codecs]),
     ):
         # Both formats must give the same Avro bytes.
         for t_row, b_row in zip(text_rows[:1000], binary_rows[:1000], strict=True):

@@ -13,7 +13,6 @@ times, ``encode(col, 'hex')`` for bytea, and so on.
 from __future__ import annotations
 
 import io
-import itertools
 import math
 import struct
 import uuid
@@ -694,4 +693,20 @@ def test_catalog_types(pg: PgDatabase) -> None:
         "precision": 10,
         "scale": 2,
     }
-    assert list(itertools.islice(iter(column_dimensions(pg.connect(), 0).items()), 1)) == []
+
+
+def test_column_dimensions(pg: PgDatabase) -> None:
+    pg.execute("CREATE TABLE dims (a int, b int[], c text[][], d int[][][], e int)")
+    pg.execute("ALTER TABLE dims DROP COLUMN e")
+    pg.execute("CREATE TABLE copied AS SELECT * FROM dims")
+    conn = pg.connect()
+    relid = {
+        name: oid
+        for name, oid in pg.execute(
+            "SELECT relname, oid::int FROM pg_class WHERE relname IN ('dims', 'copied')"
+        )
+    }
+    assert column_dimensions(conn, relid["dims"]) == {"a": 0, "b": 1, "c": 2, "d": 3}
+    # CREATE TABLE AS loses the declared dimensions: 0 means "one" to column_codec.
+    assert column_dimensions(conn, relid["copied"]) == {"a": 0, "b": 0, "c": 0, "d": 0}
+    assert column_dimensions(conn, 0) == {}

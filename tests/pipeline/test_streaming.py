@@ -10,7 +10,6 @@ stream is published in its own commit order.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 

@@ -118,7 +118,7 @@ def _kafka_checks(config: CdcdConfig) -> Iterator[tuple[bool, str]]:
         try:
             from confluent_kafka.schema_registry import SchemaRegistryClient
 
-            client = SchemaRegistryClient({"url": url, **config.schema_registry.config})
+            client = SchemaRegistryClient.new_client({"url": url, **config.schema_registry.config})
             subjects = client.get_subjects()
             yield True, f"schema registry: reachable, {len(subjects)} subjects"
         except Exception as exc:  # noqa: BLE001 - any client failure is a failed check, reported

@@ -284,8 +284,8 @@ def describe_change(
 
     Inserts show the new row. Updates show what changed: against ``before``
     when it holds the old row (``REPLICA IDENTITY FULL``), else against
-    ``last_seen`` -- the previous version this consumer saw, as a downstream
-    mirror would -- and say so, else the new row. Deletes show the old row, or
+    ``last_seen`` (the previous version this consumer saw, what a downstream
+    mirror holds), else the new row. Deletes show the old row, or
     say that only the key was sent (the default replica identity).
     """
     op = envelope["op"]
@@ -301,7 +301,7 @@ def describe_change(
         if before is not None and full_before:
             text = _diff(before, after, key_columns)
         elif last_seen is not None:
-            text = _diff(last_seen, after, key_columns) + "   (old values: last seen)"
+            text = _diff(last_seen, after, key_columns)
         else:
             text = _fields(after, key_columns)
     elif op == "d":
@@ -500,13 +500,18 @@ class Workload:
             self._new_order(cur, changes)
 
     def _update_customer(self, cur: Any, changes: Counter[tuple[str, str]]) -> None:
-        """A customer gets a tag (an array column update)."""
+        """A customer gets a new tag (an array update), or else a new email address."""
         tag = self._rng.choice(_TAGS)
         cur.execute(
-            "UPDATE customers SET tags = array_append(array_remove(tags, %s), %s) "
-            "WHERE id = (SELECT id FROM customers ORDER BY random() LIMIT 1)",
+            "UPDATE customers SET tags = tags || %s::text WHERE id = (SELECT id FROM customers "
+            "WHERE NOT %s = ANY(tags) ORDER BY random() LIMIT 1)",
             (tag, tag),
         )
+        if not cur.rowcount:
+            cur.execute(
+                "UPDATE customers SET email = replace(email, '@example.com', '@example.org') "
+                "WHERE id = (SELECT id FROM customers ORDER BY random() LIMIT 1)"
+            )
         changes["public.customers", "u"] += cur.rowcount
 
     def _cancel_order(self, cur: Any, changes: Counter[tuple[str, str]]) -> None:
@@ -523,8 +528,8 @@ class Workload:
         for _ in range(self._rng.randint(2, 4)):
             self._insert_order(cur, changes, customer_id)
         cur.execute(
-            "UPDATE customers SET tags = array_append(array_remove(tags, 'returning'), "
-            "'returning') WHERE id = %s",
+            "UPDATE customers SET tags = tags || 'returning'::text "
+            "WHERE id = %s AND NOT 'returning' = ANY(tags)",
             (customer_id,),
         )
         changes["public.customers", "u"] += cur.rowcount
@@ -877,11 +882,12 @@ class Demo:
             if self._daemon_error is not None:
                 # The daemon failed while stopping (e.g. it could not drain).
                 self._raise_daemon_error()
+        out.line()
         out.line(
-            out.paint("  done.", "1") + " Next: write a cdcd.yaml for your own database "
-            "(docs/configuration.md), check it with `cdcd check -c cdcd.yaml`, "
-            "then `cdcd run -c cdcd.yaml`."
+            out.paint("Next:", "1") + " describe your own database in a cdcd.yaml "
+            "(docs/configuration.md), then"
         )
+        out.line("  cdcd check -c cdcd.yaml && cdcd run -c cdcd.yaml")
         return result
 
     def _start(self, cleanup: ExitStack) -> None:
@@ -938,7 +944,8 @@ class Demo:
             "op: c insert, u update, d delete.  lsn #n: the commit LSN and the change's position",
             "in its transaction; lines sharing an LSN are one transaction. Each delete is followed",
             "by a tombstone (null value, for compaction): counted, not shown. orders has REPLICA",
-            "IDENTITY FULL, so its updates and deletes carry the old row; customers sends its key.",
+            "IDENTITY FULL: its updates and deletes carry the old row. customers sends only its",
+            "key, so the demo compares its updates with the last version it saw.",
         ):
             out.line(out.paint("  " + note, "2"))
         out.line()
@@ -1043,12 +1050,24 @@ class Demo:
         confirmed = Lsn(int(self._sample("cdcd_confirmed_lsn_bytes")))
         lag = format_bytes(self._sample("cdcd_slot_lag_bytes"))
         transactions = int(self._sample("cdcd_transactions_total"))
-        text = (
-            f"-- status {time.strftime('%H:%M:%S')} | {rate:.1f} events/s | {total} events "
-            f"({ops}) in {transactions} txns | confirmed LSN {confirmed} | slot lag {lag} | "
-            f"commit->Kafka {latency} | shown {self.shown}"
-        )
-        self.out.line(self.out.fit(self.out.paint(text, "36")))
+        segments = [
+            f"-- {time.strftime('%H:%M:%S')} {rate:.1f} events/s",
+            f"{total} events ({ops}) in {transactions} txns",
+            f"confirmed LSN {confirmed}",
+            f"slot lag {lag}",
+            f"commit->Kafka {latency}",
+            f"shown {self.shown}",
+        ]
+        # Wrapped by segment rather than cut: every figure stays readable on
+        # a narrow terminal.
+        lines = [segments[0]]
+        for segment in segments[1:]:
+            if len(lines[-1]) + 3 + len(segment) > self.out.width:
+                lines.append("   " + segment)
+            else:
+                lines[-1] += " | " + segment
+        for text in lines:
+            self.out.line(self.out.paint(text, "36"))
 
     def _print_ready(self, hold_s: float = REORDER_HOLD_S) -> None:
         assert self.feed is not None

@@ -118,7 +118,9 @@ class Session:
         if registry.url:
             from confluent_kafka.schema_registry import SchemaRegistryClient
 
-            return ConfluentFormat(SchemaRegistryClient({"url": registry.url, **registry.config}))
+            return ConfluentFormat(
+                SchemaRegistryClient.new_client({"url": registry.url, **registry.config})
+            )
         schemas_topic = f"{self.config.kafka.topic_prefix}._schemas"
         if self.config.kafka.create_topics:
             self._ensure(self._topic_spec(schemas_topic, compacted=True))

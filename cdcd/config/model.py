@@ -45,7 +45,7 @@ class PostgresConfig(_Model):
     binary: bool = Field(False, description="ask pgoutput for binary column values")
     connect_timeout_s: float = Field(10.0, gt=0, description="connection timeout")
     stream_spill_bytes: int = Field(
-        64 * 1024 * 1024,
+        16 * 1024 * 1024,
         ge=0,
         description="streamed (v2) transactions bigger than this spill to a local file",
     )

@@ -62,7 +62,7 @@ PostgreSQL quirks handled, and interpretations of the SPEC
 Speed
 -----
 Codecs are closures built once per column; the per-row work is slicing and
-``int()`` on the bytes PostgreSQL sent (text values are not even decoded). Varints use the table-driven ``encode_long_fast``.
+``int()`` on the bytes PostgreSQL sent (text values are not even decoded). Varints use the table-driven ``encode_long``.
 Timestamps in years 1..9999 take ``datetime.fromisoformat`` (C) and fall
 back to the general parser for infinity, BC and five-digit years; the last
 timestamp text seen is memoized, because rows of one transaction often share
@@ -116,7 +116,7 @@ from cdcd.envelope.avro_binary import (
     TRUE,
     VALUE_BRANCH,
     encode_array,
-    encode_long_fast,
+    encode_long,
 )
 
 __all__ = [
@@ -536,14 +536,14 @@ def _decimal_codec(precision: int, scale: int) -> ColumnCodec:
         data = unscaled.to_bytes(
             (unscaled + (unscaled < 0)).bit_length() // 8 + 1, "big", signed=True
         )
-        return encode_long_fast(len(data)) + data
+        return encode_long(len(data)) + data
 
     def from_binary(value: bytes) -> bytes:
         unscaled = checked(_numeric_binary_unscaled(value, avro_scale))
         data = unscaled.to_bytes(
             (unscaled + (unscaled < 0)).bit_length() // 8 + 1, "big", signed=True
         )
-        return encode_long_fast(len(data)) + data
+        return encode_long(len(data)) + data
 
     def to_python(value: bytes) -> Decimal:
         return Decimal(f"{checked(_numeric_text_unscaled(value, avro_scale))}E-{avro_scale}")
@@ -1440,7 +1440,7 @@ def _dimension_error(found: int, expected: int) -> ValueError:
 
 def _encode_text(value: bytes) -> bytes:
     """Avro string/bytes of the value as sent: length prefix, then the same bytes."""
-    return encode_long_fast(len(value)) + value
+    return encode_long(len(value)) + value
 
 
 def _to_str(value: bytes) -> str:
@@ -1468,14 +1468,14 @@ def _string_codec(pg_type: PgType, catalog: TypeCatalog, avro_type: Any = "strin
 
 
 def _int_from_text(value: bytes) -> bytes:
-    return encode_long_fast(int(value))
+    return encode_long(int(value))
 
 
 def _fixed_int_codec(avro_type: str, size: int, signed: bool) -> ColumnCodec:
     def from_binary(value: bytes) -> bytes:
         if len(value) != size:
             raise _binary_error(f"{size}-byte integer")
-        return encode_long_fast(int.from_bytes(value, "big", signed=signed))
+        return encode_long(int.from_bytes(value, "big", signed=signed))
 
     return ColumnCodec(avro_type, _int_from_text, from_binary, int)
 
@@ -1561,7 +1561,7 @@ _UUID_CODEC = ColumnCodec(
 
 
 def _date_from_text(value: bytes) -> bytes:
-    return encode_long_fast(_date_text_days(value))
+    return encode_long(_date_text_days(value))
 
 
 def _date_from_binary(value: bytes) -> bytes:
@@ -1569,7 +1569,7 @@ def _date_from_binary(value: bytes) -> bytes:
         raise _binary_error("date")
     (days,) = _I32.unpack(value)
     days += _PG_EPOCH_DAYS  # infinity (INT32 max/min) lands far outside and clamps
-    return encode_long_fast(DATE_MAX if days > DATE_MAX else DATE_MIN if days < DATE_MIN else days)
+    return encode_long(DATE_MAX if days > DATE_MAX else DATE_MIN if days < DATE_MIN else days)
 
 
 def _date_to_python(value: bytes) -> date:
@@ -1582,14 +1582,14 @@ _DATE_CODEC = ColumnCodec(
 
 
 def _time_from_text(value: bytes) -> bytes:
-    return encode_long_fast(_time_text_us(value))
+    return encode_long(_time_text_us(value))
 
 
 def _time_from_binary(value: bytes) -> bytes:
     if len(value) != 8:
         raise _binary_error("time")
     (micros,) = _I64.unpack(value)
-    return encode_long_fast(TIME_MAX if micros > TIME_MAX else micros)
+    return encode_long(TIME_MAX if micros > TIME_MAX else micros)
 
 
 def _time_to_python(value: bytes) -> time:
@@ -1630,7 +1630,7 @@ def _timestamp_from_text(value: bytes) -> bytes:
         micros = (parsed - _UNIX_EPOCH) // _ONE_MICROSECOND
     else:
         micros = _timestamp_text_us(value, False)
-    encoded = encode_long_fast(micros)
+    encoded = encode_long(micros)
     _LAST_TIMESTAMP[0] = (value, encoded)
     return encoded
 
@@ -1654,7 +1654,7 @@ def _timestamptz_from_text(value: bytes) -> bytes:
             micros = TIMESTAMP_MAX
         elif micros < TIMESTAMP_MIN:
             micros = TIMESTAMP_MIN
-    encoded = encode_long_fast(micros)
+    encoded = encode_long(micros)
     _LAST_TIMESTAMPTZ[0] = (value, encoded)
     return encoded
 
@@ -1669,7 +1669,7 @@ def _timestamp_from_binary(value: bytes) -> bytes:
         micros = TIMESTAMP_MAX
     elif micros < TIMESTAMP_MIN:
         micros = TIMESTAMP_MIN
-    return encode_long_fast(micros)
+    return encode_long(micros)
 
 
 def _timestamp_to_python(value: bytes) -> datetime:

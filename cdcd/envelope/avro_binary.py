@@ -22,30 +22,11 @@ _DOUBLE = Struct("<d")
 _LONG_MIN = -(1 << 63)
 _LONG_MAX = (1 << 63) - 1
 
-#: Pre-encoded zig-zag varints for -64..63, the common small values.
-_SMALL: dict[int, bytes] = {n: bytes([((n << 1) ^ (n >> 63)) & 0xFF]) for n in range(-64, 64)}
-
 NULL_BRANCH = b"\x00"  # union index 0: the "null" branch of ["null", T]
 VALUE_BRANCH = b"\x02"  # union index 1: the T branch of ["null", T]
 EMPTY_ARRAY = b"\x00"
 TRUE = b"\x01"
 FALSE = b"\x00"
-
-
-def encode_long(value: int) -> bytes:
-    """Zig-zag varint of an int or long; raises OverflowError outside int64."""
-    small = _SMALL.get(value)
-    if small is not None:
-        return small
-    if not _LONG_MIN <= value <= _LONG_MAX:
-        raise OverflowError(f"{value} does not fit an Avro long")
-    n = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def encode_bytes(value: bytes) -> bytes:
@@ -96,7 +77,7 @@ def decode_long(buf: bytes, pos: int = 0) -> tuple[int, int]:
     return (result >> 1) ^ -(result & 1), pos
 
 
-# Lookup tables for encode_long_fast: the varint of every 14-bit group, as the last
+# Lookup tables for encode_long: the varint of every 14-bit group, as the last
 # group (minimal, 1 or 2 bytes) and as a non-final group (2 bytes, continuation bits
 # set). About 1 MB; they turn the per-7-bit Python loop into at most 5 lookups.
 _VARINT_LAST: list[bytes] = [
@@ -105,12 +86,13 @@ _VARINT_LAST: list[bytes] = [
 _VARINT_MORE: list[bytes] = [bytes([(n & 0x7F) | 0x80, (n >> 7) | 0x80]) for n in range(1 << 14)]
 
 
-def encode_long_fast(value: int) -> bytes:
-    """Same bytes as :func:`encode_long`, about 3x faster for values beyond one byte.
+def encode_long(value: int) -> bytes:
+    """Zig-zag varint of an int or long; raises OverflowError outside int64.
 
-    Added for the column codecs' hot path (cdcd.decode.values). Zig-zag maps
-    every int64 to [0, 2**64); a value outside int64 maps to 2**63 or more, so
-    the range check is only needed in the last branch.
+    Table-driven (at most five lookups instead of a loop per 7 bits): it runs
+    several times per row. Zig-zag maps every int64 to [0, 2**64); a value
+    outside int64 maps to 2**63 or more, so the range check is only needed in
+    the last branch.
     """
     n = (value << 1) ^ (value >> 63)
     if n < 0x4000:

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cdcd import __version__
 from cdcd.decode.relations import TableVersion
 from cdcd.envelope.avro_binary import (
+    EMPTY_ARRAY,
     FALSE,
     NULL_BRANCH,
     TRUE,
@@ -43,6 +43,7 @@ from cdcd.envelope.avro_binary import (
     encode_long,
     encode_string,
 )
+from cdcd.envelope.rowcode import compile_key_encoder, compile_row_encoder
 from cdcd.envelope.schemas import envelope_schema, key_schema
 from cdcd.envelope.wire import WireFormat
 from cdcd.errors import EncodeError
@@ -63,9 +64,12 @@ OP_READ = encode_string("r")
 OP_TRUNCATE = encode_string("t")
 
 
-@dataclass(frozen=True, slots=True)
-class TxnStamp:
-    """The per-transaction bytes shared by every change of one transaction."""
+class TxnStamp(NamedTuple):
+    """The per-transaction bytes shared by every change of one transaction.
+
+    A NamedTuple rather than a frozen dataclass: one is built per transaction,
+    and tuple construction is several times cheaper.
+    """
 
     xid: int
     lsn: Lsn  # commit LSN
@@ -78,24 +82,27 @@ class TxnStamp:
 
 
 def make_stamp(xid: int, lsn: Lsn, commit_ts_ms: int, snapshot: bool = False) -> TxnStamp:
+    value = int(lsn)
     return TxnStamp(
-        xid=xid,
-        lsn=lsn,
-        commit_ts_ms=commit_ts_ms,
-        snapshot=snapshot,
-        lsn_header=str(Lsn(lsn)).encode("ascii"),
-        ts_ms=encode_long(time.time_ns() // 1_000_000),
-        txid_lsn=encode_long(xid) + encode_long(int(lsn)),
-        tail=encode_long(commit_ts_ms) + (TRUE if snapshot else FALSE),
+        xid,
+        lsn,
+        commit_ts_ms,
+        snapshot,
+        f"{value >> 32:X}/{value & 0xFFFFFFFF:08X}".encode("ascii"),
+        encode_long(time.time_ns() // 1_000_000),
+        encode_long(xid) + encode_long(value),
+        encode_long(commit_ts_ms) + (TRUE if snapshot else FALSE),
     )
 
 
 class TableEncoder:
-    """Prepared encoder for one table version."""
+    """Prepared encoder for one table version (see ``cdcd.envelope.rowcode``)."""
 
     __slots__ = (
         "_binary",
         "_branches",
+        "_encode_key",
+        "_encode_row",
         "_key_indexes",
         "_names",
         "_source_prefix",
@@ -129,6 +136,14 @@ class TableEncoder:
         self._branches = tuple(
             b"" if i in keys else VALUE_BRANCH for i in range(len(table.columns))
         )
+        self._encode_row = compile_row_encoder(self._names, self._text, self._binary, self._branches)
+        self._encode_key = (
+            compile_key_encoder(
+                self.key_header, self._key_indexes, self._names, self._text, self._binary
+            )
+            if self._key_indexes
+            else None
+        )
         self._source_prefix = b"".join(
             encode_string(s)
             for s in (__version__, "cdcd", server_name, database, table.schema, table.table)
@@ -136,68 +151,36 @@ class TableEncoder:
 
     # -- rows -----------------------------------------------------------------
 
-    def _row(self, data: TupleData, fill: TupleData | None, stamp: TxnStamp) -> tuple[bytes, list[str]]:
-        """The row record's bytes and the names of unchanged TOAST columns."""
+    def _row(
+        self, data: TupleData, fill: TupleData | None, stamp: TxnStamp
+    ) -> tuple[bytes, list[str] | None]:
+        """The row record's bytes and the names of unchanged TOAST columns (or None)."""
         if len(data.kinds) != len(self._names):
             raise EncodeError(
                 f"{self.table.qualified_name}: row has {len(data.kinds)} columns, relation has "
                 f"{len(self._names)} (LSN {stamp.lsn})",
                 hint="this is a bug; report it",
             )
-        parts: list[bytes] = []
-        append = parts.append
-        toast: list[str] = []
         try:
-            for i, kind in enumerate(data.kinds):
-                if kind == KIND_TEXT:
-                    append(self._branches[i])
-                    append(self._text[i](data.values[i]))  # type: ignore[arg-type]
-                elif kind == KIND_NULL:
-                    if not self._branches[i]:
-                        raise ValueError("null in a key column")
-                    append(NULL_BRANCH)
-                elif kind == KIND_BINARY:
-                    append(self._branches[i])
-                    append(self._binary[i](data.values[i]))  # type: ignore[arg-type]
-                elif kind == KIND_UNCHANGED_TOAST:
-                    old_kind = fill.kinds[i] if fill is not None else KIND_UNCHANGED_TOAST
-                    if old_kind == KIND_TEXT:
-                        append(self._branches[i])
-                        append(self._text[i](fill.values[i]))  # type: ignore[union-attr,arg-type]
-                    elif old_kind == KIND_BINARY:
-                        append(self._branches[i])
-                        append(self._binary[i](fill.values[i]))  # type: ignore[union-attr,arg-type]
-                    else:
-                        append(NULL_BRANCH)
-                        toast.append(self._names[i])
+            return self._encode_row(data, fill)
         except (ValueError, OverflowError, TypeError) as exc:
             column = self._names[_failed_column(self, data, fill)]
             raise EncodeError(
                 f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
                 hint="fix or remove the value, or exclude the table; cdcd stops rather than skip it",
             ) from exc
-        return b"".join(parts), toast
 
     def key(self, data: TupleData, stamp: TxnStamp) -> bytes | None:
         """The Kafka key from a row image, or None for tables without a key."""
-        if not self._key_indexes:
+        if self._encode_key is None:
             return None
-        parts = [self.key_header]
         try:
-            for i in self._key_indexes:
-                kind = data.kinds[i]
-                if kind == KIND_TEXT:
-                    parts.append(self._text[i](data.values[i]))  # type: ignore[arg-type]
-                elif kind == KIND_BINARY:
-                    parts.append(self._binary[i](data.values[i]))  # type: ignore[arg-type]
-                else:
-                    raise ValueError(f"key column sent as {chr(kind)!r}")
-        except (ValueError, OverflowError, TypeError) as exc:
+            return self._encode_key(data)
+        except (ValueError, OverflowError, TypeError, IndexError) as exc:
             raise EncodeError(
                 f"{self.table.qualified_name}: cannot encode key at LSN {stamp.lsn}: {exc}",
                 hint="check the table's replica identity",
             ) from exc
-        return b"".join(parts)
 
     def key_changed(self, old: TupleData, new: TupleData) -> bool:
         for i in self._key_indexes:
@@ -216,31 +199,36 @@ class TableEncoder:
         seq: int,
     ) -> bytes:
         """The value bytes of one change (wire header included)."""
-        parts = [self.value_header]
+        toast: list[str] | None = None
         if before is None:
-            parts.append(NULL_BRANCH)
+            before_part = NULL_BRANCH
         else:
-            row, _ = self._row(before, None, stamp)
-            parts.append(VALUE_BRANCH)
-            parts.append(row)
-        toast: list[str] = []
+            before_part = VALUE_BRANCH + self._row(before, None, stamp)[0]
         if after is None:
-            parts.append(NULL_BRANCH)
+            after_part = NULL_BRANCH
         else:
             row, toast = self._row(after, before, stamp)
-            parts.append(VALUE_BRANCH)
-            parts.append(row)
-        parts.append(op)
-        parts.append(stamp.ts_ms)
-        parts.append(self._source_prefix)
-        parts.append(stamp.txid_lsn)
-        parts.append(encode_long(seq))
-        parts.append(stamp.tail)
+            after_part = VALUE_BRANCH + row
         if toast:
-            parts.append(encode_long(len(toast)))
-            parts.extend(encode_string(name) for name in toast)
-        parts.append(b"\x00")
-        return b"".join(parts)
+            toast_part = (
+                encode_long(len(toast)) + b"".join(encode_string(name) for name in toast) + b"\x00"
+            )
+        else:
+            toast_part = EMPTY_ARRAY
+        return b"".join(
+            (
+                self.value_header,
+                before_part,
+                after_part,
+                op,
+                stamp.ts_ms,
+                self._source_prefix,
+                stamp.txid_lsn,
+                encode_long(seq),
+                stamp.tail,
+                toast_part,
+            )
+        )
 
 
 def _failed_column(encoder: TableEncoder, data: TupleData, fill: TupleData | None) -> int:

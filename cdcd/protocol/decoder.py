@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from struct import Struct
+from typing import NoReturn
 
 from cdcd.errors import ProtocolError
 from cdcd.protocol.lsn import Lsn
@@ -71,10 +72,6 @@ _BEGIN_PREPARE = Struct("!QQqI")  # prepare LSN, end LSN, prepare ts, xid
 _PREPARE = Struct("!BQQqI")  # flags, prepare/commit LSN, end LSN, ts, xid
 _ROLLBACK_PREPARED = Struct("!BQQqqI")  # flags, prepare end, rollback end, 2 ts, xid
 
-_K_NULL = 0x6E
-_K_UNCHANGED = 0x75
-_K_TEXT = 0x74
-_K_BINARY = 0x62
 
 
 def _need(buf: bytes, pos: int, size: int, what: str) -> None:
@@ -94,37 +91,88 @@ def _string(buf: bytes, pos: int, what: str) -> tuple[str, int]:
         raise ProtocolError(f"invalid UTF-8 in {what}", pos + exc.start, buf) from exc
 
 
+def _truncated_column(buf: bytes, pos: int, column: int) -> NoReturn:
+    raise ProtocolError(f"truncated TupleData at column {column}", pos, buf)
+
+
+def _truncated_length(buf: bytes, pos: int, column: int) -> NoReturn:
+    raise ProtocolError(f"truncated value length of column {column}", pos, buf)
+
+
+def _bad_length(buf: bytes, pos: int, column: int, length: int) -> NoReturn:
+    left = len(buf) - pos - 4
+    raise ProtocolError(f"value of column {column} claims {length} bytes, {left} left", pos, buf)
+
+
+def _bad_kind(buf: bytes, pos: int, column: int) -> NoReturn:
+    raise ProtocolError(f"unknown TupleData kind {buf[pos]:#04x} in column {column}", pos, buf)
+
+
+#: MaxTupleAttributeNumber: the most columns a PostgreSQL row can have.
+MAX_COLUMNS = 1664
+TupleParser = Callable[[bytes, int, int], tuple[TupleData, int]]
+_TUPLE_PARSERS: dict[int, TupleParser] = {}
+
+
+def _tuple_parser(count: int) -> TupleParser:
+    """An unrolled TupleData parser for ``count`` columns, generated once per count.
+
+    TupleData is the hot path of the whole daemon: every row of every change
+    goes through it. A loop over the columns costs about twice as much in
+    CPython as straight-line code with one local per column, so the parser is
+    generated (like ``dataclasses`` generates ``__init__``) and cached by
+    column count. Each column checks its bounds before reading, so a
+    truncated or malformed message raises ``ProtocolError`` with the offset.
+    """
+    lines = ["def parse(buf, pos, size):"]
+    for i in range(count):
+        lines += [
+            f"    if pos >= size: _truncated_column(buf, pos, {i})",
+            f"    k{i} = buf[pos]",
+            f"    if k{i} == 116 or k{i} == 98:",
+            f"        if pos + 5 > size: _truncated_length(buf, pos + 1, {i})",
+            "        n = _I32(buf, pos + 1)[0]",
+            "        end = pos + 5 + n",
+            f"        if n < 0 or end > size: _bad_length(buf, pos + 1, {i}, n)",
+            f"        v{i} = buf[pos + 5:end]",
+            "        pos = end",
+            f"    elif k{i} == 110 or k{i} == 117:",
+            f"        v{i} = None",
+            "        pos += 1",
+            "    else:",
+            f"        _bad_kind(buf, pos, {i})",
+        ]
+    kinds = "".join(f"k{i}, " for i in range(count))
+    values = "".join(f"v{i}, " for i in range(count))
+    lines.append(f"    return _TupleData(bytes(({kinds})), ({values})), pos")
+    namespace: dict[str, object] = {
+        "_I32": _I32.unpack_from,
+        "_TupleData": TupleData,
+        "_truncated_column": _truncated_column,
+        "_truncated_length": _truncated_length,
+        "_bad_length": _bad_length,
+        "_bad_kind": _bad_kind,
+    }
+    exec(compile("\n".join(lines), f"<tuple parser {count}>", "exec"), namespace)
+    generated: TupleParser = namespace["parse"]  # type: ignore[assignment]
+    _TUPLE_PARSERS[count] = generated
+    return generated
+
+
 def _tuple_data(buf: bytes, pos: int) -> tuple[TupleData, int]:
-    """Decode TupleData at ``pos``; the hot path of the whole daemon."""
+    """Decode TupleData at ``pos``: the column count, then each column."""
     size = len(buf)
     if pos + 2 > size:
         raise ProtocolError("truncated TupleData column count", pos, buf)
-    (count,) = _U16.unpack_from(buf, pos)
-    pos += 2
-    kinds = bytearray(count)
-    values: list[bytes | None] = [None] * count
-    unpack_len = _I32.unpack_from
-    for i in range(count):
-        if pos >= size:
-            raise ProtocolError(f"truncated TupleData at column {i}", pos, buf)
-        kind = buf[pos]
-        pos += 1
-        if kind == _K_TEXT or kind == _K_BINARY:
-            if pos + 4 > size:
-                raise ProtocolError(f"truncated value length of column {i}", pos, buf)
-            (length,) = unpack_len(buf, pos)
-            pos += 4
-            end = pos + length
-            if length < 0 or end > size:
-                raise ProtocolError(
-                    f"value of column {i} claims {length} bytes, {size - pos} left", pos - 4, buf
-                )
-            values[i] = buf[pos:end]
-            pos = end
-        elif kind != _K_NULL and kind != _K_UNCHANGED:
-            raise ProtocolError(f"unknown TupleData kind {kind:#04x} in column {i}", pos - 1, buf)
-        kinds[i] = kind
-    return TupleData(bytes(kinds), tuple(values)), pos
+    count = (buf[pos] << 8) | buf[pos + 1]
+    parser = _TUPLE_PARSERS.get(count)
+    if parser is None:
+        # Checked before generating a parser: every column takes at least one
+        # byte, and no PostgreSQL row has more than 1664 columns.
+        if count > MAX_COLUMNS or count > size - pos - 2:
+            raise ProtocolError(f"TupleData claims {count} columns", pos, buf)
+        parser = _tuple_parser(count)
+    return parser(buf, pos + 2, size)
 
 
 class PgOutputDecoder:

@@ -235,10 +235,12 @@ def test_v4_abort_fields_only_with_protocol_4(message: StreamAbort) -> None:
 
 
 def test_column_count_width_is_uint16() -> None:
-    """Int16 counts up to 65535 columns must not be read as signed."""
+    """The Int16 count is read unsigned; beyond PostgreSQL's 1664 columns it is an error."""
+    widest = TupleData(b"n" * 1664, (None,) * 1664)
+    assert PgOutputDecoder(1).decode(encode(Insert(None, 1, widest))) == Insert(None, 1, widest)
     many = TupleData(b"n" * 40000, (None,) * 40000)
-    message = Insert(None, 1, many)
-    assert PgOutputDecoder(1).decode(encode(message)) == message
+    with pytest.raises(ProtocolError, match="claims 40000 columns"):
+        PgOutputDecoder(1).decode(encode(Insert(None, 1, many)))
 
 
 # -- fuzzing: nothing but ProtocolError ------------------------------------------------

@@ -296,9 +296,33 @@ class LocalBroker:
         self._proc.send_signal(signum)
 
     def freeze(self) -> None:
-        """SIGSTOP the broker: clients see a dead broker, and no data is lost."""
+        """SIGSTOP the broker: clients see a dead broker, and no data is lost.
+
+        Returns once every thread is stopped: the signal is delivered
+        asynchronously, and on a busy machine a broker thread could otherwise
+        still answer a request sent just after this call.
+        """
         self._signal(signal.SIGSTOP)
         self._frozen = True
+        self._wait_threads_stopped()
+
+    def _wait_threads_stopped(self, timeout_s: float = 5.0) -> None:
+        if self._proc is None:
+            return
+        tasks = Path(f"/proc/{self._proc.pid}/task")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = []
+            for task in tasks.iterdir():
+                try:
+                    # The state follows the command name, which is in parentheses.
+                    states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # a thread that just exited
+            if states and all(state in ("T", "t", "Z", "X") for state in states):
+                return
+            time.sleep(0.01)
+        raise BrokerSetupError(f"broker pid {self._proc.pid} did not stop within {timeout_s} s")
 
     def thaw(self) -> None:
         """SIGCONT a frozen broker."""

@@ -815,7 +815,8 @@ class Demo:
         The abort is a ``KeyboardInterrupt`` in the main thread, so the
         cleanup still runs (and ``cdcd.local``'s at-exit handlers behind it).
         SIGTERM never gets its default action: that would leave the servers,
-        which run in their own sessions, behind.
+        which run in their own sessions, behind. Nothing is printed here: the
+        main thread may be in the middle of writing a line.
         """
         self._signals += 1
         if self._signals == 1:
@@ -823,10 +824,8 @@ class Demo:
             return
         if not self.hurry.is_set():
             self.hurry.set()
-            self.out.line(
-                self.out.paint("  hurrying: not waiting for catch-up (Ctrl-C again to abort)", "33")
-            )
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if signal.getsignal(signal.SIGINT) == self._on_signal:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.daemon is not None:
             self.daemon.stop.set()
 
@@ -836,9 +835,12 @@ class Demo:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
+        # A SIGINT ignored at startup (a job started with `&` by a script) stays
+        # ignored, as for any program; SIGTERM always stops the demo.
+        signals = [signal.SIGTERM]
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signals.append(signal.SIGINT)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
         try:
             yield
         finally:
@@ -853,10 +855,18 @@ class Demo:
 
     def run(self) -> int:
         """Start everything, stream until stopped, clean up; returns the exit code."""
+        cdcd_log = logging.getLogger("cdcd")
+        level = cdcd_log.level
         if not self.debug:
             # The daemon's INFO lines (slot resumed, HTTP listening...) would
             # interleave with the changes; warnings and errors still show.
-            logging.getLogger("cdcd").setLevel(logging.WARNING)
+            cdcd_log.setLevel(logging.WARNING)
+        try:
+            return self._run()
+        finally:
+            cdcd_log.setLevel(level)
+
+    def _run(self) -> int:
         out = self.out
         out.line(
             out.paint("cdcd demo", "1") + ": PostgreSQL -> cdcd -> Kafka, all on this machine."
@@ -882,6 +892,8 @@ class Demo:
             if self._daemon_error is not None:
                 # The daemon failed while stopping (e.g. it could not drain).
                 self._raise_daemon_error()
+        if self.workload is None:
+            return result  # stopped before anything ran: no advice needed
         out.line()
         out.line(
             out.paint("Next:", "1") + " describe your own database in a cdcd.yaml "
@@ -1119,6 +1131,10 @@ class Demo:
                 break
             self.feed.poll(0.1)
             self._print_ready(hold_s=0.0 if published <= self.feed.received else REORDER_HOLD_S)
+        if self.hurry.is_set():
+            self.out.line(
+                self.out.paint("  not waiting for catch-up (press Ctrl-C again to abort)", "33")
+            )
         self._print_ready(hold_s=0.0)
         published, by_op = self._events()
         out = self.out
@@ -1152,7 +1168,7 @@ class Demo:
 
     def _announce_stopping(self) -> None:
         """The "stopping" header, once, before the first line about the shutdown."""
-        if not self._stopping_shown:
+        if not self._stopping_shown and self.pg is not None:
             self._stopping_shown = True
             self.out.line()
             self.out.line(self.out.paint("stopping", "1"))

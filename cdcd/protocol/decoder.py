@@ -283,8 +283,14 @@ class PgOutputDecoder:
         return Type(xid, type_oid, namespace, name), pos
 
     def _insert(self, buf: bytes) -> tuple[Message, int]:
-        xid, pos = self._xid(buf, "Insert")
-        _need(buf, pos, 5, "Insert header")
+        # The most frequent message: the common case (no stream) avoids the
+        # helper calls of the other handlers.
+        if self.in_stream:
+            xid, pos = self._xid(buf, "Insert")
+        else:
+            xid, pos = None, 1
+        if len(buf) < pos + 5:
+            _need(buf, pos, 5, "Insert header")
         (relation_id,) = _U32.unpack_from(buf, pos)
         if buf[pos + 4] != 0x4E:  # N
             raise ProtocolError(f"Insert expects 'N', got {buf[pos + 4]:#04x}", pos + 4, buf)

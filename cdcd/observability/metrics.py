@@ -178,8 +178,9 @@ class Metrics:
         )
         self.delivery_latency = Histogram(
             "cdcd_delivery_latency_seconds",
-            "Time from the transaction's commit timestamp on the primary to the "
-            "message's successful delivery report.",
+            "Time from a transaction's commit timestamp on the primary until Kafka "
+            "acknowledged its last message and every message before it (observed "
+            "once per transaction).",
             buckets=DELIVERY_LATENCY_BUCKETS,
             registry=reg,
         )

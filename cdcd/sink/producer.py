@@ -73,7 +73,7 @@ FIXED_PROPERTIES: Mapping[str, str | int | float | bool] = {
 PRODUCER_DEFAULTS: Mapping[str, str | int | float | bool] = {
     "partitioner": "murmur2_random",
     "max.in.flight.requests.per.connection": 5,
-    "linger.ms": 5,
+    "linger.ms": 2,
     "batch.num.messages": 10_000,
     "batch.size": 1_000_000,
     "compression.type": "lz4",

@@ -1,0 +1,278 @@
+"""``cdcd mirror -c FILE --output DIR [--once]``: keep Parquet mirrors of the captured tables.
+
+A Structured Streaming query reads every table topic of the configuration
+(``postgres.tables``, or every ``<prefix>.<schema>.<table>`` topic when the
+list is omitted -- topics created later are picked up) and hands each
+micro-batch to :class:`cdcd.spark.mirror.MirrorJob` (``foreachBatch``), which
+decodes it per table and replaces the tables' Parquet atomically.
+
+* ``--once`` runs the query with ``Trigger.AvailableNow``: the end of every
+  partition is probed when it starts (never trusting the broker's high
+  watermark, see :mod:`cdcd.spark.source`), everything up to there is
+  applied, possibly in several batches of at most 500 000 offsets, and the
+  command exits 0.
+* Without it, a micro-batch runs every 2 seconds until SIGTERM or SIGINT,
+  which stop the query between batches (exit 0). ``--once`` stopped that way
+  exits 1: it did not catch up.
+
+Progress lives in ``DIR/.cdcd-mirror/checkpoint`` (Spark's offsets) and
+``DIR/.cdcd-mirror/state.json`` (the mirror): both modes continue from where
+any earlier run stopped.
+
+The Spark session: when ``cdcd mirror`` is started directly (not through
+``spark-submit``, and without ``--master`` in ``PYSPARK_SUBMIT_ARGS``), it
+runs ``local[*]`` with Python workers on this
+interpreter (``PYSPARK_PYTHON``) and the driver bound to 127.0.0.1 unless
+``SPARK_LOCAL_IP`` says otherwise. Under ``spark-submit`` the session
+settings are left to it. Errors come out as one line, including those raised
+on executors (the Python traceback Spark wraps them in is reduced to its
+last error line); Spark's own log is silenced unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from cdcd.config.model import CdcdConfig, load_config
+from cdcd.errors import CdcdError, ConfigError, DefiniteError
+from cdcd.sink.topics import table_topic
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from cdcd.spark.mirror import MirrorJob
+
+__all__ = ["build_session", "cmd_mirror", "run_mirror"]
+
+log = logging.getLogger("cdcd.mirror")
+
+TRIGGER_INTERVAL_S = 2.0
+STOP_WAIT_S = 120.0
+MAX_OFFSETS_PER_TRIGGER = 500_000
+
+_SESSION_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def build_session(
+    app_name: str = "cdcd-mirror",
+    *,
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    log_level: str = "ERROR",
+) -> SparkSession:
+    """A SparkSession for ``cdcd mirror`` (see the module docstring).
+
+    ``master`` applies only outside ``spark-submit``; ``conf`` entries are set
+    on the builder (they win over the defaults here).
+    """
+    try:
+        import pandas  # noqa: F401  -- pyspark's Arrow functions need it
+        import pyarrow  # noqa: F401
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise ConfigError(
+            "cdcd mirror needs pyspark, pyarrow and pandas",
+            hint="install them with: pip install 'cdcd[spark]'",
+        ) from exc
+
+    # Started by spark-submit, or told where to run: the master is not ours to pick.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ or "--master" in os.environ.get(
+        "PYSPARK_SUBMIT_ARGS", ""
+    )
+    builder = SparkSession.builder.appName(app_name)
+    if not submitted:
+        # Inherited by the JVM and the Python workers it starts.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (
+            builder.master(master)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+        )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    configured = spark.sparkContext.getConf()
+    for key, value in _SESSION_DEFAULTS.items():
+        if not configured.contains(key):
+            spark.conf.set(key, value)
+    spark.sparkContext.setLogLevel(log_level)
+    return spark
+
+
+def _subscription(config: CdcdConfig) -> dict[str, str]:
+    from cdcd.spark.reader import kafka_options, table_topic_pattern
+
+    extra = {"maxOffsetsPerTrigger": str(MAX_OFFSETS_PER_TRIGGER)}
+    if config.postgres.tables:
+        topics = []
+        for name in config.postgres.tables:
+            schema, table = (part.strip('"') for part in name.split(".", 1))
+            topics.append(table_topic(config.kafka.topic_prefix, schema, table))
+        return kafka_options(config, topics=topics, extra=extra)
+    return kafka_options(
+        config, pattern=table_topic_pattern(config.kafka.topic_prefix), extra=extra
+    )
+
+
+_PYTHON_ERROR = re.compile(r"^(?:cdcd\.errors\.)?(\w*Error): (.+)$")
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a Spark failure: the last Python error line in its text, if any."""
+    text = str(exc)
+    found = None
+    for line in text.splitlines():
+        match = _PYTHON_ERROR.match(line.strip())
+        if match:
+            found = f"{match.group(1)}: {match.group(2)}"
+    if found:
+        return found
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first
+
+
+class _Stop:
+    """SIGTERM/SIGINT set a flag; the main loop stops the query between batches."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, stopping after the current batch", signal.Signals(signum).name)
+        self.event.set()
+
+
+def start_query(
+    spark: SparkSession, config: CdcdConfig, output: Path, *, once: bool, interval_s: float
+) -> tuple[StreamingQuery, MirrorJob]:
+    from cdcd.spark.decode import SchemaCatalog
+    from cdcd.spark.mirror import MirrorJob, MirrorStore
+    from cdcd.spark.reader import read_raw
+    from cdcd.spark.source import KafkaOptions
+
+    store = MirrorStore(output)
+    store.open()
+    if not (store.checkpoint / "offsets").is_dir():
+        # A new (or deleted) checkpoint numbers batches from 0 again and reads
+        # from the start; applying is idempotent, so nothing is skipped.
+        store.batch_id = -1
+    options = _subscription(config)
+    catalog = SchemaCatalog.from_config(config, KafkaOptions.from_options(options))
+    raw: DataFrame = read_raw(spark, options, streaming=True)
+    job = MirrorJob(store, catalog)
+    writer = (
+        raw.writeStream.foreachBatch(job)
+        .option("checkpointLocation", str(store.checkpoint))
+        .queryName("cdcd-mirror")
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if once
+        else writer.trigger(processingTime=f"{interval_s} seconds")
+    )
+    return writer.start(), job
+
+
+def run_mirror(
+    config: CdcdConfig,
+    output: Path,
+    *,
+    once: bool,
+    spark: SparkSession | None = None,
+    interval_s: float = TRIGGER_INTERVAL_S,
+    spark_log_level: str = "FATAL",
+) -> int:
+    """Run the mirror query; returns the exit code (errors raise :class:`CdcdError`)."""
+    own_session = spark is None
+    session = spark if spark is not None else build_session(log_level=spark_log_level)
+    from pyspark.errors import PySparkException
+
+    stop = _Stop()
+    stop.install()
+    started = time.monotonic()
+    try:
+        query, job = start_query(session, config, output, once=once, interval_s=interval_s)
+        failure: BaseException | None
+        try:
+            while query.isActive:
+                if stop.event.is_set():
+                    # Between batches: a batch cut short is safe, but wasted work.
+                    job.idle.wait(STOP_WAIT_S)
+                    query.stop()
+                    break
+                query.awaitTermination(1)
+            failure = query.exception()
+        except PySparkException as exc:
+            failure = exc
+        if job.failure is not None:
+            raise job.failure
+        if failure is not None:
+            raise DefiniteError(f"mirror query failed: {error_line(failure)}")
+        if once and stop.event.is_set():
+            raise DefiniteError(
+                "mirror interrupted before it caught up", hint="run it again to continue"
+            )
+        applied = [r for r in job.reports if not r.skipped]
+        log.info(
+            "mirror %s: %d batch(es), %d change(s), %d table(s) in %s (%.1f s)",
+            "caught up" if once else "stopped",
+            len(applied),
+            sum(r.changes for r in applied),
+            len(job.store.tables),
+            output,
+            time.monotonic() - started,
+        )
+        return 0
+    finally:
+        stop.restore()
+        if own_session:
+            session.stop()
+
+
+def cmd_mirror(args: argparse.Namespace) -> int:
+    """``cdcd mirror`` (dispatched from :mod:`cdcd.cli`)."""
+    from cdcd.observability.logging import setup_logging
+
+    config = load_config(args.config)
+    setup_logging(config.metrics.log_format, "DEBUG" if args.debug else config.metrics.log_level)
+    if not args.debug:
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # its callback server chatter
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} exists and is not a directory")
+    try:
+        # The failure is reported as one line; Spark's own logs only with --debug.
+        return run_mirror(
+            config, output, once=bool(args.once), spark_log_level="WARN" if args.debug else "FATAL"
+        )
+    except CdcdError:
+        raise
+    except OSError as exc:
+        raise DefiniteError(f"mirror failed: {exc}") from exc

@@ -1,0 +1,135 @@
+"""Fixtures for the Spark tests: one shared SparkSession, daemons and mirror processes.
+
+- ``spark`` (session): ``local[2]``, two shuffle partitions, UTC, no UI --
+  built by :func:`cdcd.spark.cli.build_session`, so tests run with the
+  settings ``cdcd mirror`` uses. Skips when pyspark is missing.
+- ``cdc_config`` / ``daemons``: as in ``tests/pipeline`` (a config per test
+  with its own topic prefix and slot; daemons killed after the test).
+- ``mirrors``: ``python -m cdcd mirror ...`` child processes, killed after
+  the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cdc import PROJECT_ROOT, DaemonProcess, write_config
+from support.pg import PgDatabase
+
+from cdcd.local import LocalBroker
+
+SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    for key, value in SPARK_ENV.items():
+        os.environ.setdefault(key, value)
+    from cdcd.spark.cli import build_session
+
+    session = build_session(
+        "cdcd-tests", master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def cdc_config(pg: PgDatabase, broker: LocalBroker, tmp_path: Path) -> Callable[..., Path]:
+    """``cdc_config(**overrides)`` writes a config for this test's database."""
+
+    def make(**overrides: Any) -> Path:
+        overrides.setdefault("prefix", pg.dbname)
+        overrides.setdefault("slot", "cdcd_" + pg.dbname[:50])
+        return write_config(tmp_path / "cdcd.yaml", pg.dsn, broker.bootstrap_servers, **overrides)
+
+    return make
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
+    """Start daemons as child processes; every one is killed after the test."""
+    started: list[DaemonProcess] = []
+
+    def start(config: Path) -> DaemonProcess:
+        daemon = DaemonProcess(config, tmp_path / f"daemon-{len(started)}.log")
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        if daemon.alive():
+            daemon.kill9()
+
+
+class MirrorProcess:
+    """``python -m cdcd mirror -c FILE --output DIR [--once]`` as a child process."""
+
+    def __init__(self, config: Path, output: Path, log_path: Path, once: bool) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        command = [
+            sys.executable,
+            "-m",
+            "cdcd",
+            "mirror",
+            "-c",
+            str(config),
+            "--output",
+            str(output),
+        ]
+        if once:
+            command.append("--once")
+        self.proc = subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **SPARK_ENV},
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self._log.flush()
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        if self.alive():
+            self.proc.terminate()
+        return self.wait(timeout_s)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(30)
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+@pytest.fixture
+def mirrors(tmp_path: Path) -> Iterator[Callable[..., MirrorProcess]]:
+    started: list[MirrorProcess] = []
+
+    def start(config: Path, output: Path, *, once: bool) -> MirrorProcess:
+        process = MirrorProcess(config, output, tmp_path / f"mirror-{len(started)}.log", once)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()

@@ -192,6 +192,9 @@ def replay(changes: Iterable[Change], key_columns: tuple[str, ...]) -> dict[tupl
     """Apply envelopes in (lsn, seq) order, de-duplicated, into {key: row}."""
     ordered = sorted({(c.lsn, c.seq, c.topic): c for c in changes}.values(), key=lambda c: (c.lsn, c.seq))
     table: dict[tuple[Any, ...], dict[str, Any]] = {}
+    # A key-changing update arrives as a delete of the old key then a create
+    # of the new one; unchanged TOAST values of the create live in the old row.
+    deleted: tuple[int, dict[str, Any]] | None = None
     for change in ordered:
         envelope = change.value
         if envelope is None:
@@ -203,11 +206,15 @@ def replay(changes: Iterable[Change], key_columns: tuple[str, ...]) -> dict[tupl
             row = dict(envelope["after"])
             for column in envelope["unchanged_toast"]:
                 previous = table.get(tuple(row[k] for k in key_columns))
+                if previous is None and deleted is not None and deleted[0] == change.lsn:
+                    previous = deleted[1]
                 row[column] = previous[column] if previous else None
             table[tuple(row[k] for k in key_columns)] = row
         elif op == "d":
             before = envelope["before"]
-            table.pop(tuple(before[k] for k in key_columns), None)
+            removed = table.pop(tuple(before[k] for k in key_columns), None)
+            if removed is not None:
+                deleted = (change.lsn, removed)
     return table
 
 

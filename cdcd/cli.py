@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="throwaway PostgreSQL + broker + sample workload")
     demo.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     bench = sub.add_parser("bench", help="the benchmark of SPEC §9")
-    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    from cdcd.bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
     mirror = sub.add_parser("mirror", help="keep Parquet mirrors of the tables with Spark")
     _config_arg(mirror)
     mirror.add_argument("--output", required=True, metavar="DIR")
@@ -102,6 +104,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from cdcd.snapshot.request import request_snapshot
+
+    config = load_config(args.config)
+    job_id, signals = request_snapshot(config, list(args.table))
+    print(
+        f"requested incremental snapshot {job_id} of {', '.join(args.table)}; "
+        f"progress: SELECT status, progress FROM {signals.name} WHERE id = '{job_id}'"
+    )
+    return 0
+
+
 def _not_yet(name: str) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
         raise DefiniteError(f"'cdcd {name}' is not implemented in this version", hint="see README")
@@ -114,6 +128,7 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         "run": cmd_run,
         "check": cmd_check,
         "schemas": cmd_schemas,
+        "snapshot": cmd_snapshot,
     }
     if name == "demo":
         try:

@@ -10,6 +10,21 @@ Kafka acknowledged the transaction and everything before it.
 order (a delete's tombstone has its own number), so the pair
 (``cdcd.lsn``, ``cdcd.seq``) is unique and increases in commit order; a replay
 after a crash repeats the same pairs.
+
+Snapshots (``cdcd.snapshot``) publish through the same tickets:
+
+* the initial snapshot's rows go out in tickets of their own
+  (:meth:`Publisher.snapshot_chunk`), all stamped with the slot's consistent
+  point, before streaming starts;
+* an incremental snapshot's chunk is published inside the transaction of its
+  high watermark (:meth:`Publisher.snapshot_in_transaction`), stamped with
+  that transaction's commit LSN, so replay order by (``cdcd.lsn``,
+  ``cdcd.seq``) puts it after every change the chunk may not reflect and
+  before every later one. Watermark messages (prefix ``cdcd.watermark``) go to
+  the snapshot driver, never to the message topic. While a chunk window is
+  open, :meth:`Publisher.watch` reports the keys changed in the table being
+  snapshotted; it shadows ``row`` with a watching variant for that time only,
+  so ordinary streaming pays nothing for the feature.
 """
 
 from __future__ import annotations
@@ -23,6 +38,7 @@ from cdcd.decode.relations import TableVersion
 from cdcd.envelope.encoder import (
     OP_CREATE,
     OP_DELETE,
+    OP_READ,
     OP_TRUNCATE,
     OP_UPDATE,
     EnvelopeEncoder,
@@ -46,12 +62,17 @@ from cdcd.protocol.messages import (
     Insert,
     LogicalMessage,
     Truncate,
+    TupleData,
     Update,
     pg_timestamp_to_unix_ms,
 )
 
 HEARTBEAT_PREFIX = "cdcd.heartbeat"
+#: Prefix of the low/high watermark messages of incremental snapshots.
+WATERMARK_PREFIX = "cdcd.watermark"
 Headers = list[tuple[str, bytes]]
+#: Told ``(xid, key)`` for each change of a watched table; key None: a truncate.
+KeyRecorder = Callable[[int, bytes | None], None]
 
 
 class Producer(Protocol):
@@ -101,6 +122,9 @@ class Publisher:
         self._table_metrics: dict[str, TableMetrics] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._topics_ready: set[str] = set()
+        self._watermarks: Callable[[LogicalMessage], None] | None = None
+        self._watch_relid: int | None = None
+        self._watch_record: KeyRecorder | None = None
         self.transactions = 0
 
     # -- helpers ------------------------------------------------------------------
@@ -197,6 +221,8 @@ class Publisher:
         stamp = self._stamp
         assert stamp is not None
         for table in tables:
+            if table.relation_id == self._watch_relid and self._watch_record is not None:
+                self._watch_record(stamp.xid, None)
             encoder = self._table(table)
             if encoder is None:
                 continue
@@ -205,6 +231,10 @@ class Publisher:
 
     def logical_message(self, message: LogicalMessage) -> None:
         if message.prefix == HEARTBEAT_PREFIX:
+            return
+        if message.prefix == WATERMARK_PREFIX:
+            if self._watermarks is not None:
+                self._watermarks(message)
             return
         stamp = self._stamp
         assert stamp is not None
@@ -281,6 +311,8 @@ class Publisher:
         if message.prefix == HEARTBEAT_PREFIX:
             if self._metrics is not None:
                 self._metrics.heartbeats.inc()
+        elif message.prefix == WATERMARK_PREFIX:
+            pass  # cdcd writes watermarks transactionally; a stray one carries nothing
         else:
             self._message(message, None, None)
         self._ticket.seal(message.lsn)
@@ -297,3 +329,137 @@ class Publisher:
 
     def relation_changed(self, table: TableVersion) -> None:
         self._table(table)
+
+    # -- snapshots ------------------------------------------------------------------
+
+    def on_watermark(self, handler: Callable[[LogicalMessage], None] | None) -> None:
+        """Route transactional ``cdcd.watermark`` messages to ``handler`` (None: drop them)."""
+        self._watermarks = handler
+
+    def watch(self, relation_id: int, record: KeyRecorder) -> None:
+        """Report ``(xid, key)`` of every change to ``relation_id`` until :meth:`unwatch`.
+
+        The key is the Avro encoding of the key columns without the wire
+        header (the same bytes whether pgoutput sent text or binary values);
+        an update reports its new key and, when the key changed, its old one.
+        """
+        self._watch_relid = relation_id
+        self._watch_record = record
+        # Shadow the class's row() with the watching variant on this instance.
+        self.__dict__["row"] = self._row_watched
+
+    def unwatch(self) -> None:
+        self.__dict__.pop("row", None)
+        self._watch_relid = None
+        self._watch_record = None
+
+    def _row_watched(self, table: TableVersion, message: Insert | Update | Delete) -> None:
+        record = self._watch_record
+        if table.relation_id == self._watch_relid and record is not None:
+            encoder = self._table(table)
+            stamp = self._stamp
+            if encoder is not None and encoder.key_schema is not None and stamp is not None:
+                skip = len(encoder.key_header)
+                images: list[TupleData] = []
+                if isinstance(message, Insert):
+                    images.append(message.new)
+                elif isinstance(message, Update):
+                    images.append(message.new)
+                    if message.old is not None:
+                        images.append(message.old)
+                else:
+                    images.append(message.old)
+                for image in images:
+                    key = encoder.key(image, stamp)
+                    if key is not None:
+                        record(stamp.xid, key[skip:])
+        Publisher.row(self, table, message)
+
+    def snapshot_encoder(self, table: TableVersion) -> TableEncoder | None:
+        """The encoder of a snapshot table version (creates its topic); None if not captured."""
+        return self._table(table)
+
+    def snapshot_chunk(
+        self,
+        encoder: TableEncoder,
+        rows: list[TupleData],
+        lsn: Lsn,
+        commit_ts_ms: int,
+        seq: int,
+    ) -> tuple[TxnTicket, int]:
+        """Publish rows of the initial snapshot in a ticket of their own, sealed at ``lsn``.
+
+        Every row is an ``r`` envelope with ``source.snapshot`` true, headers
+        ``cdcd.lsn`` = ``lsn`` (the slot's consistent point) and ``cdcd.seq``
+        from ``seq`` on. Returns the ticket and the next seq.
+        """
+        if self._ticket is not None:
+            raise DefiniteError("snapshot rows inside a transaction", hint="this is a bug; report it")
+        self._ticket = self._tracker.open(commit_ts=None)
+        self._stamp = make_stamp(0, lsn, commit_ts_ms, snapshot=True)
+        self._seq = seq
+        try:
+            self._produce_reads(encoder, rows, None)
+            ticket = self._ticket
+            ticket.seal(lsn)
+            return ticket, self._seq
+        finally:
+            self._ticket = None
+            self._stamp = None
+
+    def snapshot_in_transaction(
+        self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
+    ) -> tuple[TxnTicket, int]:
+        """Publish a chunk inside the current (high watermark) transaction.
+
+        Rows whose key (without header) is in ``skip`` are left out: the
+        stream changed them while the chunk was read. Returns the
+        transaction's ticket and how many rows were published.
+        """
+        ticket, stamp = self._ticket, self._stamp
+        if ticket is None or stamp is None:
+            raise DefiniteError("snapshot chunk outside a transaction", hint="this is a bug; report it")
+        self._stamp = make_stamp(stamp.xid, stamp.lsn, stamp.commit_ts_ms, snapshot=True)
+        try:
+            sent = self._produce_reads(encoder, rows, skip)
+        finally:
+            self._stamp = stamp
+        return ticket, sent
+
+    def _produce_reads(
+        self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
+    ) -> int:
+        ticket, stamp = self._ticket, self._stamp
+        assert ticket is not None and stamp is not None
+        key_of = encoder.key
+        keyed = [(key_of(row, stamp), row) for row in rows]
+        if skip:
+            start = len(encoder.key_header)
+            keyed = [(k, r) for k, r in keyed if k is None or k[start:] not in skip]
+        # Counted up front (one call per chunk): should produce() fail half-way,
+        # the ticket stays incomplete, which is what the tracker needs.
+        ticket.add(len(keyed))
+        on_delivery = ticket.on_delivery
+        produce = self._producer.produce
+        topic = encoder.topic
+        envelope = encoder.envelope
+        lsn_header = stamp.lsn_header
+        seq = self._seq
+        try:
+            for key, row in keyed:
+                produce(
+                    topic,
+                    key,
+                    envelope(OP_READ, None, row, stamp, seq),
+                    [("cdcd.lsn", lsn_header), ("cdcd.seq", b"%d" % seq)],
+                    on_delivery,
+                )
+                seq += 1
+        except DefiniteError as exc:
+            raise DefiniteError(
+                f"{exc.args[0]} (snapshot of {encoder.table.qualified_name} at LSN {stamp.lsn})",
+                hint=exc.hint,
+            ) from exc
+        finally:
+            self._seq = seq
+        return len(keyed)

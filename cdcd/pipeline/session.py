@@ -14,6 +14,14 @@ server's ``wal_end`` (from keepalives) is confirmed, so an idle slot does not
 pin WAL; heartbeats (``pg_logical_emit_message``) give the slot a position in
 this database when only other databases write.
 
+Snapshots (``cdcd.snapshot``, docs/snapshots.md): when the session creates
+the slot and ``snapshot.mode`` is ``initial`` or ``initial_only``, it creates
+it with an exported snapshot and publishes every captured table from it
+before streaming starts at the slot's consistent point (``initial_only``
+then stops the daemon with exit code 0). While streaming, the main loop
+ticks the incremental snapshot driver, which reads the signal table and
+chunks on a worker thread; the publisher hands it the watermarks.
+
 A session ends by returning (stop requested: drained and confirmed) or by
 raising ``TransientError`` (the daemon reconnects after a backoff and resumes
 at the slot's confirmed position) or ``DefiniteError`` (the daemon exits 1).
@@ -33,12 +41,16 @@ from cdcd.decode.transactions import TransactionAssembler
 from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat
 from cdcd.errors import CdcdError, TransientError
+from cdcd.observability import systemd
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.publisher import HEARTBEAT_PREFIX, Publisher
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink.producer import KafkaSink, build_producer_config
 from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics
+from cdcd.snapshot.incremental import IncrementalSnapshots
+from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot, create_slot_with_snapshot
+from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import SourceDatabase, split_table
 from cdcd.source.replication import ReplicationStream
@@ -86,13 +98,24 @@ class Session:
         self._sink: KafkaSink | None = None
         self._db: SourceDatabase | None = None
         self._tracker: AckTracker | None = None
+        self._assembler: TransactionAssembler | None = None
+        self._decoder = PgOutputDecoder(config.postgres.protocol_version)
+        self._signal: tuple[str, str] | None = None
+        self._snapshots: IncrementalSnapshots | None = None
         self._last_status = 0.0
         self._sent_confirmed: Lsn | None = None
 
     # -- setup ----------------------------------------------------------------------
 
     def _include(self, schema: str, table: str) -> bool:
+        if (schema, table) == self._signal:
+            return False  # the snapshot signal table is cdcd's own bookkeeping
         return self._tables is None or (schema, table) in self._tables
+
+    def _captured_tables(self, db: SourceDatabase) -> list[tuple[str, str]]:
+        pg = self.config.postgres
+        tables = [split_table(t) for t in pg.tables] if pg.tables else db.publication_tables(pg.publication)
+        return [(s, t) for s, t in tables if self._include(s, t)]
 
     def _topic_spec(self, name: str, compacted: bool = False) -> TopicSpec:
         kafka = self.config.kafka
@@ -161,6 +184,57 @@ class Session:
                 timeout / 2,
             )
         db.ensure_publication(pg.publication, pg.tables, pg.create_publication)
+        snap = cfg.snapshot
+        two_phase = pg.protocol_version >= 3
+        create = pg.create_slot and db.slot_info(pg.slot) is None
+        table = SignalTable(db, snap.signal_table)
+        self._signal = (table.schema, table.table)
+        signals: SignalTable | None = table
+        try:
+            table.ensure()
+        except SignalTableUnavailable as exc:
+            if create and snap.mode != "never":
+                raise  # the initial snapshot cannot be made crash-safe without it
+            log.warning("%s; incremental snapshots are unavailable until it is fixed", exc)
+            signals = None
+        exported: ExportedSnapshot | None = None
+        if create and signals is not None:
+            if snap.mode == "never":
+                signals.cancel_initial(pg.slot, "the slot was created again with snapshot.mode never")
+            else:
+                tables = self._captured_tables(db)
+                # Recorded before the slot exists: no crash can leave the slot
+                # without a record that its snapshot is unfinished.
+                signals.begin_initial(pg.slot, [f"{s}.{t}" for s, t in tables])
+                exported = create_slot_with_snapshot(
+                    pg.dsn, pg.slot, two_phase, snap.parallelism, pg.connect_timeout_s
+                )
+        try:
+            if not self._setup(signals, exported):
+                return  # stopped during the initial snapshot, or initial_only is done
+        finally:
+            if exported is not None:
+                exported.close()
+        stream = self._stream = ReplicationStream(
+            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.binary, pg.connect_timeout_s
+        )
+        assert self._tracker is not None and self._sink is not None and self._assembler is not None
+        stream.start(self._tracker.confirmed)
+        self._set_streaming(True)
+        try:
+            self._loop(stream, self._decoder, self._assembler, self._tracker, self._sink)
+        finally:
+            self._set_streaming(False)
+            self._assembler.close()
+        self._drain()
+
+    def _setup(self, signals: SignalTable | None, exported: ExportedSnapshot | None) -> bool:
+        """Slot, Kafka, the publishing pipeline, the initial snapshot; False: do not stream."""
+        cfg = self.config
+        pg = cfg.postgres
+        snap = cfg.snapshot
+        db = self._db
+        assert db is not None
         slot = db.ensure_slot(pg.slot, pg.create_slot, two_phase=pg.protocol_version >= 3)
         start = slot.confirmed_flush_lsn or Lsn(0)
         log.info("resuming slot %s at %s", pg.slot, start, extra={"slot": pg.slot, "lsn": str(start)})
@@ -181,6 +255,13 @@ class Session:
             key_lookup=db.primary_key,
             dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
         )
+        # Snapshot reads describe tables from the catalog: a cache of their
+        # own, so the stream's cache only ever holds what the walsender sent.
+        snapshot_relations = RelationCache(
+            catalog,
+            key_lookup=db.primary_key,
+            dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
+        )
         encoder = EnvelopeEncoder(cfg.kafka.topic_prefix, db.database, wire)
         publisher = Publisher(
             sink,
@@ -192,21 +273,91 @@ class Session:
             metrics=self.metrics,
             transaction_records=cfg.kafka.transaction_records,
         )
-        assembler = TransactionAssembler(
+        self._assembler = TransactionAssembler(
             relations, publisher, pg.stream_spill_bytes, pg.spill_dir, pg.protocol_version
         )
-        decoder = PgOutputDecoder(pg.protocol_version)
-        stream = self._stream = ReplicationStream(
-            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.binary, pg.connect_timeout_s
+
+        if exported is not None and signals is not None:
+            if not self._initial_snapshot(exported, signals, publisher, snapshot_relations):
+                log.warning(
+                    "stopped during the initial snapshot; the next start completes it "
+                    "incrementally while streaming"
+                )
+                self._assembler.close()
+                self._drain()
+                return False
+        if snap.mode == "initial_only" and (
+            signals is None or signals.unfinished_initial(pg.slot) is None
+        ):
+            log.info("snapshot.mode is initial_only and the initial snapshot is complete: exiting")
+            self._assembler.close()
+            self._drain()
+            self.stop.set()
+            return False
+        if signals is None:
+            return True
+        self._snapshots = IncrementalSnapshots(
+            db=db,
+            dsn=pg.dsn,
+            timeout_s=pg.connect_timeout_s,
+            signals=signals,
+            slot=pg.slot,
+            publication=pg.publication,
+            publisher=publisher,
+            relations=snapshot_relations,
+            include=self._include,
+            chunk_rows=snap.chunk_rows,
+            metrics=self.metrics,
+            resume_initial=snap.mode != "never",
+            on_job_done=self._snapshot_done,
         )
-        stream.start(start)
-        self._set_streaming(True)
-        try:
-            self._loop(stream, decoder, assembler, tracker, sink)
-        finally:
-            self._set_streaming(False)
-            assembler.close()
-        self._drain()
+        return True
+
+    def _initial_snapshot(
+        self,
+        exported: ExportedSnapshot,
+        signals: SignalTable,
+        publisher: Publisher,
+        relations: RelationCache,
+    ) -> bool:
+        """Publish every captured table from the exported snapshot; False if stopped."""
+        assert self._db is not None and self._sink is not None and self._tracker is not None
+        job = signals.unfinished_initial(exported.slot)
+        if job is None:
+            job = signals.begin_initial(exported.slot, [])
+
+        def table_done(name: str) -> None:
+            job.progress["done"] = [*job.done_tables, name]
+            signals.save(job)
+
+        tables = [split_table(t) for t in job.tables]
+        # READY before a long copy: the daemon is up; /readyz says it is not streaming yet.
+        systemd.notify_ready("initial snapshot")
+        snapshot = InitialSnapshot(
+            exported,
+            tables,
+            publisher=publisher,
+            tracker=self._tracker,
+            poll=self._sink.poll,
+            relations=relations,
+            publication=self.config.postgres.publication,
+            chunk_rows=self.config.snapshot.chunk_rows,
+            metrics=self.metrics,
+            stop=self.stop,
+            beat=self.state.beat,
+            on_table_done=table_done,
+        )
+        if not snapshot.run():
+            return False
+        job.status = DONE
+        job.progress["done"] = list(job.tables)
+        signals.save(job)
+        return True
+
+    def _snapshot_done(self, job: Job) -> None:
+        if job.initial and self.config.snapshot.mode == "initial_only":
+            log.info("snapshot.mode is initial_only and the initial snapshot is complete: exiting")
+            self.stop.set()
 
     def _loop(
         self,
@@ -224,6 +375,7 @@ class Session:
         read = stream.read
         decode = decoder.decode
         feed = assembler.feed
+        snapshots = self._snapshots
         count = 0
         received = 0
         last_lsn = 0
@@ -241,6 +393,8 @@ class Session:
             sink.poll(0)
             if tracker.failure is not None:
                 raise tracker.failure
+            if snapshots is not None:
+                snapshots.tick()
             if metrics is not None and received:
                 metrics.mark_received(last_lsn, received)
                 metrics.in_flight.set(tracker.in_flight)
@@ -330,6 +484,8 @@ class Session:
             self._on_streaming(streaming)
 
     def _close(self) -> None:
+        if self._snapshots is not None:
+            self._snapshots.close()
         if self._stream is not None:
             try:
                 if self._tracker is not None and not self._stream.closed:

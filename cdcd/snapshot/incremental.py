@@ -1,0 +1,649 @@
+"""Incremental snapshots: watermark-delimited chunks read while streaming goes on.
+
+The algorithm is DBLog's (Netflix, "DBLog: A Watermark Based Change-Data-Capture
+Framework", 2020), which Debezium's incremental snapshots also follow. For
+each chunk of a table, a worker thread on its own connection
+
+1. writes a *low watermark* into the WAL: ``pg_logical_emit_message(true,
+   'cdcd.watermark', 'low <chunk id>')`` in a transaction of its own;
+2. reads the chunk — the next ``snapshot.chunk_rows`` keys after the last
+   chunk, in key order (``cdcd.snapshot.rows``) — inside a REPEATABLE READ
+   transaction whose first statement records the snapshot
+   (``pg_current_snapshot()``: xmin, xmax, in-progress xids);
+3. hands the rows to the main thread and writes the *high watermark*.
+
+The main thread sees both watermarks in the change stream, in commit order,
+between the table's ordinary changes. It publishes every change as always,
+and additionally notes the key of each change to the table (the publisher's
+``watch``). At the high watermark it drops from the chunk every row whose key
+the stream changed where the read could not have seen it, and publishes the
+rest as ``op=r`` envelopes inside the high watermark's transaction, stamped
+with its commit LSN:
+
+* any change after the low watermark (DBLog's rule: the read may or may not
+  have seen it; the stream's version is the authority and is published
+  before the chunk, any later change after it);
+* a change *before* the low watermark by a transaction the read's snapshot
+  still saw in progress. PostgreSQL writes a commit record before it makes
+  the transaction visible, so a commit can precede the low watermark in the
+  WAL and still be invisible to a read that started after the low watermark
+  committed. DBLog's rule alone would then publish the chunk's older row
+  after the newer change. Keys are therefore recorded from the previous high
+  watermark (or the start of the table) on, with their xids, and checked
+  against the read's snapshot.
+* a TRUNCATE of the table under either rule drops the whole chunk.
+
+So a published chunk row is never older than what the stream published for
+that key before it, and every later change follows it: replaying the topic
+in (``cdcd.lsn``, ``cdcd.seq``) order gives the table. Chunks of one table
+are strictly sequential (the next chunk starts after the previous one's last
+key *read*), and the worker waits for the main thread to consume a chunk
+before starting the next, so at most one chunk is held in memory and the
+main loop never blocks on a read: it keeps serving the walsender.
+
+Progress (``cdcd.snapshot.store``): after each chunk the job's state — the
+table, the last key read, counts — is queued with the chunk's ticket, and
+written to the signal table once every message of that chunk was
+acknowledged by Kafka. A restart (crash, ``kill -9``, reconnect) resumes the
+job after the last *delivered* chunk; chunks published after it are read and
+published again, which is at-least-once like the rest of the stream. A new
+session gets new chunk ids, so the replayed watermarks of an earlier run are
+recognised as stale and ignored.
+
+Tables without a primary key or replica identity index have no key to
+de-duplicate by: they are read in one chunk, in memory, and rows changed
+while it is read may be published stale (until their next change). A warning
+says so; give the table a key to snapshot it incrementally with guarantees.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+
+from cdcd.ack.tracker import TxnTicket
+from cdcd.decode.relations import RelationCache
+from cdcd.envelope.encoder import TableEncoder
+from cdcd.errors import CdcdError, DefiniteError, TransientError
+from cdcd.observability.metrics import Metrics
+from cdcd.pipeline.publisher import WATERMARK_PREFIX, Publisher
+from cdcd.protocol.messages import LogicalMessage
+from cdcd.snapshot.progress import ProgressLog, TableProgress
+from cdcd.snapshot.rows import (
+    Chunk,
+    Key,
+    TablePlan,
+    estimate_rows,
+    key_text,
+    plan_table,
+    read_chunk,
+)
+from cdcd.snapshot.store import CANCELLED, DONE, RUNNING, Job, SignalTable, query_error
+from cdcd.source.database import SourceDatabase, connect, split_table
+
+__all__ = ["ChunkWindow", "IncrementalSnapshots", "Visibility"]
+
+log = logging.getLogger("cdcd.snapshot")
+
+#: How often the signal table is read for new requests (and for cancellation).
+POLL_INTERVAL_S = 2.0
+_XID_MASK = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Visibility:
+    """Which transactions a read's snapshot saw (``pg_current_snapshot()``).
+
+    pgoutput sends 32-bit xids, the snapshot 64-bit ones (epoch and xid); both
+    are compared modulo 2^32, as PostgreSQL itself compares xids.
+    """
+
+    xmin: int
+    xmax: int
+    xip: frozenset[int]
+
+    @classmethod
+    def parse(cls, text: str) -> Visibility:
+        xmin, xmax, xip = text.split(":")
+        return cls(
+            int(xmin) & _XID_MASK,
+            int(xmax) & _XID_MASK,
+            frozenset(int(x) & _XID_MASK for x in xip.split(",") if x),
+        )
+
+    def sees(self, xid: int) -> bool:
+        """Whether a committed ``xid`` was visible to the snapshot."""
+        xid &= _XID_MASK
+        if xid in self.xip:
+            return False
+        return ((xid - self.xmax) & _XID_MASK) >= 0x80000000  # xid precedes xmax
+
+
+def _precedes(a: int, b: int) -> bool:
+    """``a`` is an older xid than ``b`` (modulo 2^32)."""
+    return ((a - b) & _XID_MASK) >= 0x80000000
+
+
+class ChunkWindow:
+    """The keys the stream changed around one chunk; decides which chunk rows survive.
+
+    ``horizon`` is the xmin of a snapshot taken before the chunk's read
+    started (the previous chunk's read, or a query when the table started):
+    a transaction older than it had finished before the read began, so its
+    changes before the low watermark cannot supersede the chunk and are not
+    kept. That bounds memory when the stream lags far behind.
+    """
+
+    def __init__(self, horizon: int | None = None) -> None:
+        self.horizon = horizon
+        self.low_seen = False
+        self.after_low: set[bytes] = set()
+        self.before_low: list[tuple[int, bytes]] = []
+        self.truncated_after_low = False
+        self.truncates_before_low: list[int] = []
+
+    def record(self, xid: int, key: bytes | None) -> None:
+        """A change of the table in the stream; ``key`` None is a TRUNCATE."""
+        if self.low_seen:
+            if key is None:
+                self.truncated_after_low = True
+            else:
+                self.after_low.add(key)
+        elif self.horizon is not None and _precedes(xid & _XID_MASK, self.horizon):
+            return  # finished before the read started: the read sees it
+        elif key is None:
+            self.truncates_before_low.append(xid)
+        else:
+            self.before_low.append((xid, key))
+
+    def superseded(self, visibility: Visibility) -> tuple[set[bytes], bool]:
+        """Keys whose chunk rows must be dropped, and whether the whole chunk must be."""
+        keys = set(self.after_low)
+        keys.update(key for xid, key in self.before_low if not visibility.sees(xid))
+        truncated = self.truncated_after_low or any(
+            not visibility.sees(xid) for xid in self.truncates_before_low
+        )
+        return keys, truncated
+
+
+@dataclass
+class ChunkRequest:
+    """One chunk to read, and what the worker found."""
+
+    id: str
+    plan: TablePlan
+    after: Key | None
+    limit: int | None  # None: the whole table (no key)
+    ready: threading.Event = field(default_factory=threading.Event)
+    chunk: Chunk | None = None
+    visibility: Visibility | None = None
+    error: BaseException | None = None
+
+
+class TableGoneError(DefiniteError):
+    """The table being snapshotted was dropped or changed beyond reading."""
+
+
+class ChunkWorker:
+    """The thread that writes watermarks and reads chunks on its own connection."""
+
+    def __init__(self, dsn: str, timeout_s: float) -> None:
+        self._dsn = dsn
+        self._timeout_s = timeout_s
+        self._requests: queue.Queue[ChunkRequest | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="cdcd-incremental", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request: ChunkRequest) -> None:
+        self._requests.put(request)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._requests.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        conn: Any = None
+        try:
+            while True:
+                request = self._requests.get()
+                if request is None:
+                    return
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect(self._dsn, timeout_s=self._timeout_s)
+                    self._chunk(conn, request)
+                except psycopg2.Error as exc:
+                    request.error = _chunk_error(exc, request.plan.name)
+                except CdcdError as exc:
+                    request.error = exc
+                if request.error is not None:
+                    request.ready.set()
+        finally:
+            if conn is not None and not conn.closed:
+                conn.close()
+
+    def _chunk(self, conn: Any, request: ChunkRequest) -> None:
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_logical_emit_message(true, %s, %s)",
+                (WATERMARK_PREFIX, f"low {request.id}"),
+            )
+            function = "pg_current_snapshot" if conn.server_version >= 130000 else "txid_current_snapshot"
+            cursor.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            try:
+                cursor.execute(f"SELECT {function}()::text")
+                request.visibility = Visibility.parse(cursor.fetchone()[0])
+                request.chunk = read_chunk(cursor, request.plan, request.after, None, request.limit)
+            finally:
+                if not conn.closed:
+                    cursor.execute("ROLLBACK")
+            request.ready.set()
+            cursor.execute(
+                "SELECT pg_logical_emit_message(true, %s, %s)",
+                (WATERMARK_PREFIX, f"high {request.id}"),
+            )
+
+
+def _chunk_error(exc: psycopg2.Error, table: str) -> CdcdError:
+    message = query_error(exc)
+    if isinstance(exc, psycopg2.errors.UndefinedTable):
+        return TableGoneError(f"table {table} disappeared during its snapshot: {message}")
+    if isinstance(exc, psycopg2.OperationalError):
+        return TransientError(f"snapshot read of {table} failed: {message}")
+    return TableGoneError(
+        f"snapshot read of {table} failed: {message}",
+        hint="fix the table (or its privileges) and request the snapshot again",
+    )
+
+
+@dataclass
+class _TableRun:
+    plan: TablePlan
+    encoder: TableEncoder
+    progress: TableProgress
+    after: Key | None
+
+
+class IncrementalSnapshots:
+    """Runs snapshot jobs from the signal table alongside streaming; see the module docstring.
+
+    Everything here runs on the session's main thread except the reads
+    (``ChunkWorker``): :meth:`tick` from the main loop, :meth:`on_watermark`
+    and the key recorder from inside the publisher.
+    """
+
+    def __init__(
+        self,
+        *,
+        db: SourceDatabase,
+        dsn: str,
+        timeout_s: float,
+        signals: SignalTable,
+        slot: str,
+        publication: str,
+        publisher: Publisher,
+        relations: RelationCache,
+        include: Callable[[str, str], bool],
+        chunk_rows: int,
+        metrics: Metrics | None,
+        resume_initial: bool,
+        on_job_done: Callable[[Job], None],
+    ) -> None:
+        self.db = db
+        self.dsn = dsn
+        self.timeout_s = timeout_s
+        self.signals = signals
+        self.slot = slot
+        self.publication = publication
+        self.publisher = publisher
+        self.relations = relations
+        self.include = include
+        self.chunk_rows = chunk_rows
+        self.metrics = metrics
+        self.resume_initial = resume_initial
+        self.on_job_done = on_job_done
+        self._run_id = uuid.uuid4().hex[:12]
+        self._chunk_no = 0
+        self._next_poll = 0.0
+        self._job: Job | None = None
+        self._job_log: ProgressLog | None = None
+        self._tables: list[TableProgress] = []
+        self._table: _TableRun | None = None
+        self._request: ChunkRequest | None = None
+        self._window = ChunkWindow()
+        self._read_all = False  # every table of the job published, waiting for delivery
+        self._unsaved: deque[tuple[TxnTicket, dict[str, Any]]] = deque()
+        self._worker: ChunkWorker | None = None
+        publisher.on_watermark(self.on_watermark)
+
+    @property
+    def active(self) -> bool:
+        return self._job is not None
+
+    # -- main loop --------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Called by the main loop often; cheap unless there is something to do."""
+        request = self._request
+        if request is not None:
+            if request.error is not None:
+                self._failed(request.error)
+            elif self._worker is not None and not self._worker.alive:
+                raise TransientError("the incremental snapshot worker thread stopped")
+        if self._unsaved:
+            self._save_delivered()
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + POLL_INTERVAL_S
+            if self._job is None:
+                job = self.signals.next_job(self.slot)
+                if job is not None:
+                    self._start(job)
+            else:
+                self._check_cancelled()
+        if self._job_log is not None and self._tables:
+            self._job_log.maybe(self._tables)
+
+    def close(self) -> None:
+        self.publisher.unwatch()
+        self.publisher.on_watermark(None)
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def _start(self, job: Job) -> None:
+        if job.initial and not self.resume_initial:
+            reason = "snapshot.mode is never; the interrupted initial snapshot is not completed"
+            log.warning(
+                "%s (tables not done: %s); request one with 'cdcd snapshot'",
+                reason,
+                ", ".join(job.remaining) or "none",
+            )
+            job.status = CANCELLED
+            job.progress["error"] = reason
+            self.signals.save(job)
+            return
+        problem = self._validate(job)
+        if problem is not None:
+            log.error("snapshot request %s rejected: %s", job.id, problem, extra={"job": job.id})
+            self.signals.fail(job, problem)
+            return
+        job.progress.setdefault("slot", self.slot)
+        job.progress["tables"] = job.tables
+        job.progress.setdefault("done", [])
+        self._job = job
+        self._read_all = False
+        self._tables = []
+        self._job_log = ProgressLog(f"incremental snapshot {job.id}")
+        if job.initial:
+            log.warning(
+                "the initial snapshot of slot %s was interrupted; completing it as an incremental "
+                "snapshot of %s (already delivered: %s)",
+                self.slot,
+                ", ".join(job.remaining),
+                ", ".join(job.done_tables) or "none",
+                extra={"job": job.id},
+            )
+        else:
+            log.info(
+                "incremental snapshot %s of %s %s",
+                job.id,
+                ", ".join(job.tables),
+                "resumed" if job.progress.get("current") else "started",
+                extra={"job": job.id},
+            )
+        self._next_table()
+
+    def _validate(self, job: Job) -> str | None:
+        if not job.tables:
+            return "no tables named (data must be {\"data-collections\": [\"schema.table\", ...]})"
+        published = set(self.db.publication_tables(self.publication))
+        for name in job.tables:
+            try:
+                schema, table = split_table(name)
+            except DefiniteError:
+                return f"{name!r} is not schema.table"
+            if not self.db.table_exists(schema, table):
+                return f"table {name} does not exist"
+            if (schema, table) == (self.signals.schema, self.signals.table):
+                return f"{name} is the signal table"
+            if not self.include(schema, table):
+                return f"table {name} is not captured (postgres.tables)"
+            if (schema, table) not in published:
+                return (
+                    f"table {name} is not in publication {self.publication}; "
+                    f"ALTER PUBLICATION {self.publication} ADD TABLE {name} first"
+                )
+        return None
+
+    def _check_cancelled(self) -> None:
+        job = self._job
+        assert job is not None
+        stored = self.signals.get(job.id)
+        if stored is None or stored.status != RUNNING:
+            log.warning(
+                "snapshot job %s was %s in the signal table; stopping it",
+                job.id,
+                "deleted" if stored is None else f"set to {stored.status}",
+                extra={"job": job.id},
+            )
+            self._abandon()
+
+    def _abandon(self) -> None:
+        self.publisher.unwatch()
+        self._request = None  # its watermarks, if any come, no longer match
+        self._table = None
+        self._job = None
+        self._job_log = None
+        self._unsaved.clear()
+        self._window = ChunkWindow()
+
+    def _failed(self, error: BaseException) -> None:
+        if isinstance(error, TableGoneError) and self._job is not None:
+            log.error("snapshot job %s failed: %s", self._job.id, error, extra={"job": self._job.id})
+            self.signals.fail(self._job, str(error))
+            self._abandon()
+            return
+        raise error
+
+    def _next_table(self) -> None:
+        job = self._job
+        assert job is not None
+        self.publisher.unwatch()
+        self._window = ChunkWindow()
+        remaining = job.remaining
+        if not remaining:
+            self._table = None
+            self._read_all = True
+            if not self._unsaved:
+                self._finish()
+            return
+        name = remaining[0]
+        schema, table = split_table(name)
+        try:
+            plan = plan_table(self.db, self.relations, schema, table, self.publication)
+        except DefiniteError as exc:  # dropped or emptied since the request was accepted
+            log.error("snapshot job %s failed: %s", job.id, exc, extra={"job": job.id})
+            self.signals.fail(job, str(exc))
+            self._abandon()
+            return
+        encoder = self.publisher.snapshot_encoder(plan.version)
+        if encoder is None:
+            raise DefiniteError(f"table {name} is not captured", hint="this is a bug; report it")
+        current = job.progress.get("current")
+        after: Key | None = None
+        rows = chunks = 0
+        if isinstance(current, dict) and current.get("table") == name:
+            saved = current.get("after")
+            after = tuple(str(v) for v in saved) if isinstance(saved, list) else None
+            rows, chunks = int(current.get("rows", 0)), int(current.get("chunks", 0))
+            log.info(
+                "resuming the snapshot of %s after chunk %d (key %s, %s rows done)",
+                name,
+                chunks,
+                key_text(after),
+                f"{rows:,}",
+                extra={"job": job.id, "table": name, "snapshot_chunks": chunks},
+            )
+        progress = TableProgress(name, estimate_rows(self.db, plan.relation_id), self.metrics, rows, chunks)
+        self._tables.append(progress)
+        if not plan.keyed:
+            log.warning(
+                "table %s has no primary key or replica identity index: its incremental snapshot "
+                "is one read held in memory, and rows changed during it may be published stale "
+                "until their next change",
+                name,
+                extra={"table": name},
+            )
+        self._table = _TableRun(plan, encoder, progress, after)
+        function = "pg_current_snapshot" if self.db.server_version >= 130000 else "txid_current_snapshot"
+        now = Visibility.parse(str(self.db.scalar(f"SELECT {function}()::text")))
+        self._window = ChunkWindow(horizon=now.xmin)
+        self.publisher.watch(plan.relation_id, self._record)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        run = self._table
+        assert run is not None
+        self._chunk_no += 1
+        request = ChunkRequest(
+            f"{self._run_id}:{self._chunk_no}",
+            run.plan,
+            run.after,
+            self.chunk_rows if run.plan.keyed else None,
+        )
+        self._request = request
+        if self._worker is None or not self._worker.alive:
+            self._worker = ChunkWorker(self.dsn, self.timeout_s)
+        self._worker.submit(request)
+
+    def _record(self, xid: int, key: bytes | None) -> None:
+        self._window.record(xid, key)
+
+    # -- watermarks (inside the publisher, in the watermark's transaction) -----------
+
+    def on_watermark(self, message: LogicalMessage) -> None:
+        try:
+            kind, _, ident = message.content.decode("ascii").partition(" ")
+        except UnicodeDecodeError:
+            return
+        request = self._request
+        if request is None or ident != request.id:
+            log.debug("ignoring watermark %s %s (not the current chunk)", kind, ident)
+            return
+        if kind == "low":
+            self._window.low_seen = True
+            return
+        if kind != "high":
+            return
+        if not self._window.low_seen:
+            raise DefiniteError(
+                f"high watermark of chunk {ident} arrived without its low watermark",
+                hint="this is a bug; report it",
+            )
+        if not request.ready.is_set() or request.chunk is None or request.visibility is None:
+            raise DefiniteError(
+                f"high watermark of chunk {ident} arrived before its rows", hint="this is a bug; report it"
+            )
+        self._publish(request, request.chunk, request.visibility)
+
+    def _publish(self, request: ChunkRequest, chunk: Chunk, visibility: Visibility) -> None:
+        job, run = self._job, self._table
+        assert job is not None and run is not None
+        superseded, truncated = self._window.superseded(visibility)
+        rows = [] if truncated else chunk.rows
+        ticket, sent = self.publisher.snapshot_in_transaction(run.encoder, rows, superseded)
+        run.progress.chunk(len(chunk.rows), sent)
+        finished = request.limit is None or len(chunk.rows) < request.limit
+        if chunk.last_key is not None:
+            run.after = chunk.last_key
+        state = dict(job.progress)
+        state["chunks"] = int(state.get("chunks") or 0) + 1
+        state["rows"] = int(state.get("rows") or 0) + len(chunk.rows)
+        if finished:
+            state["done"] = [*job.done_tables, run.plan.name]
+            state["current"] = None
+        else:
+            state["current"] = {
+                "table": run.plan.name,
+                "after": list(run.after) if run.after is not None else None,
+                "chunks": run.progress.chunks,
+                "rows": run.progress.rows,
+            }
+        job.progress = state
+        self._unsaved.append((ticket, state))
+        log.debug(
+            "chunk %d of %s: %d rows read, %d published, %d superseded by the stream%s",
+            run.progress.chunks,
+            run.plan.name,
+            len(chunk.rows),
+            sent,
+            len(chunk.rows) - sent,
+            " (truncated)" if truncated else "",
+            extra={"table": run.plan.name, "snapshot_chunks": run.progress.chunks},
+        )
+        self._request = None
+        # The next read starts after this one: what this one saw, it sees.
+        self._window = ChunkWindow(horizon=visibility.xmin)
+        if finished:
+            run.progress.finish()
+            log.info(
+                "snapshot of %s read: %s rows in %d chunks (this run: %s rows, %d chunks)",
+                run.plan.name,
+                f"{run.progress.rows:,}",
+                run.progress.chunks,
+                f"{run.progress.rows - run.progress.resumed_rows:,}",
+                run.progress.chunks - run.progress.resumed_chunks,
+                extra={"job": job.id, "table": run.plan.name, "snapshot_chunks": run.progress.chunks},
+            )
+            self._next_table()
+        else:
+            self._dispatch()
+
+    # -- progress -----------------------------------------------------------------------
+
+    def _save_delivered(self) -> None:
+        latest: dict[str, Any] | None = None
+        while self._unsaved and self._unsaved[0][0].complete:
+            latest = self._unsaved.popleft()[1]
+        job = self._job
+        if latest is None or job is None:
+            return
+        self.signals.save(Job(job.id, job.type, RUNNING, job.tables, latest))
+        if self._read_all and not self._unsaved:
+            self._finish()
+
+    def _finish(self) -> None:
+        job = self._job
+        assert job is not None
+        job.status = DONE
+        job.progress["current"] = None
+        self.signals.save(job)
+        rows = sum(t.rows for t in self._tables)
+        rate = self._job_log.rate(self._tables) if self._job_log is not None else 0.0
+        log.info(
+            "snapshot job %s done: %s rows of %s, delivered (%s rows/s)",
+            job.id,
+            f"{rows:,}",
+            ", ".join(job.tables),
+            f"{rate:,.0f}",
+            extra={"job": job.id, "snapshot_rows": rows},
+        )
+        self._abandon()
+        self.on_job_done(job)

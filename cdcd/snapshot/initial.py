@@ -1,0 +1,413 @@
+"""The initial snapshot: every captured table, consistent with the slot, before streaming.
+
+How it stays consistent (no gap, no overlap beyond at-least-once):
+
+1. The slot is created over a walsender connection with
+   ``CREATE_REPLICATION_SLOT … LOGICAL pgoutput (SNAPSHOT 'export')``
+   (PostgreSQL 15 syntax; ``TWO_PHASE true`` joins it for protocol v3; before
+   15 the old ``EXPORT_SNAPSHOT`` keyword). PostgreSQL answers with the
+   slot's *consistent point* and the name of a snapshot that sees exactly the
+   transactions committed before it: every later commit is decoded by the
+   slot, every earlier one is in the snapshot.
+2. The snapshot exists only until that walsender connection runs another
+   command or closes, so a small pool of ordinary connections imports it at
+   once (``BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY; SET TRANSACTION
+   SNAPSHOT '…'``); from then on each holds its own copy and the walsender
+   connection is closed. (A walsender that sits idle between commands is not
+   subject to ``wal_sender_timeout``, measured on PostgreSQL 15, but it is not
+   needed any more anyway.)
+3. Tables are read in key order by keyset chunks (``cdcd.snapshot.rows``),
+   a large table cut into key ranges from a block sample so that the pool's
+   connections read ranges of it in parallel; tables without a primary key
+   or replica identity index are read in one pass (a warning says so), in
+   batches as COPY delivers them. Reading happens on worker threads; every
+   row is encoded, produced and ticketed on the calling (main) thread, since
+   the ack tracker is single-threaded by design. A bounded queue between them
+   makes a slow broker slow the readers down rather than fill memory.
+4. Rows go out as ``op=r`` envelopes with ``source.snapshot=true``, header
+   ``cdcd.lsn`` = the consistent point and ``cdcd.seq`` counting up across the
+   whole snapshot, so they sort before every streamed change. Streaming then
+   starts at the consistent point.
+
+Crash safety: the job row ``initial:<slot>`` in the signal table
+(``cdcd.snapshot.store``) is written *before* the slot is created and lists
+each table once all its rows are acknowledged by Kafka. A daemon that dies
+mid-snapshot finds, on restart, the slot and an unfinished job; the exported
+snapshot is gone with the old process, so the remaining tables are completed
+as an incremental snapshot while streaming from the consistent point —
+dropping and recreating the slot instead would leave rows in Kafka that a
+later snapshot no longer holds (deleted meanwhile) with no delete to remove
+them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+
+from cdcd.ack.tracker import AckTracker, TxnTicket
+from cdcd.decode.relations import RelationCache
+from cdcd.envelope.encoder import TableEncoder
+from cdcd.errors import CdcdError, DefiniteError, TransientError
+from cdcd.pipeline.publisher import Publisher
+from cdcd.protocol.lsn import Lsn
+from cdcd.protocol.messages import TupleData
+from cdcd.snapshot.progress import ProgressLog, TableProgress
+from cdcd.snapshot.rows import (
+    CopyRowStream,
+    Key,
+    TablePlan,
+    estimate_rows,
+    plan_table,
+    read_chunk,
+    split_points,
+)
+from cdcd.snapshot.store import query_error
+from cdcd.source.database import SourceDatabase, connect, quote_ident
+
+__all__ = ["ExportedSnapshot", "InitialSnapshot", "create_slot_with_snapshot"]
+
+log = logging.getLogger("cdcd.snapshot")
+
+_QUEUE_WAIT_S = 0.2
+
+
+@dataclass
+class ExportedSnapshot:
+    """A slot just created with an exported snapshot, imported into ``pool``."""
+
+    slot: str
+    consistent_point: Lsn
+    name: str
+    pool: list[SourceDatabase]
+
+    def close(self) -> None:
+        for db in self.pool:
+            db.close()
+        self.pool = []
+
+
+def create_slot_with_snapshot(
+    dsn: str, slot: str, two_phase: bool, connections: int, timeout_s: float
+) -> ExportedSnapshot:
+    """Create ``slot`` exporting a snapshot, and import it into ``connections`` connections."""
+    repl = connect(dsn, replication=True, timeout_s=timeout_s)
+    try:
+        version = int(repl.server_version)
+        if version >= 150000:
+            options = ["SNAPSHOT 'export'"] + (["TWO_PHASE true"] if two_phase else [])
+            command = f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput ({', '.join(options)})"
+        elif two_phase:
+            raise DefiniteError(
+                "a two-phase slot with an exported snapshot needs PostgreSQL 15",
+                hint="use postgres.protocol_version 1 or 2, or snapshot.mode: never",
+            )
+        else:
+            command = f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
+        cursor = repl.cursor()
+        try:
+            cursor.execute(command)
+            row = cursor.fetchone()
+        except psycopg2.errors.DuplicateObject as exc:
+            raise TransientError(f"slot {slot} was created concurrently by another client") from exc
+        except psycopg2.errors.ObjectNotInPrerequisiteState as exc:
+            raise DefiniteError(
+                f"cannot create slot {slot}: {query_error(exc)}",
+                hint="set wal_level = logical and max_replication_slots > 0, then restart",
+            ) from exc
+        except psycopg2.OperationalError as exc:
+            raise TransientError(f"creating slot {slot} failed: {query_error(exc)}") from exc
+        except psycopg2.Error as exc:
+            raise DefiniteError(
+                f"cannot create slot {slot}: {query_error(exc)}",
+                hint="check the user's REPLICATION attribute and max_replication_slots",
+            ) from exc
+        _, point_text, snapshot_name, _ = row
+        consistent_point = Lsn.parse(point_text)
+        log.info(
+            "created slot %s at consistent point %s with exported snapshot %s",
+            slot,
+            consistent_point,
+            snapshot_name,
+            extra={"slot": slot, "lsn": str(consistent_point)},
+        )
+        pool: list[SourceDatabase] = []
+        try:
+            for _ in range(max(1, connections)):
+                db = SourceDatabase(dsn, timeout_s=timeout_s)
+                pool.append(db)
+                db.query("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                db.query("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+        except (CdcdError, psycopg2.Error):
+            for db in pool:
+                db.close()
+            raise
+        return ExportedSnapshot(slot, consistent_point, str(snapshot_name), pool)
+    finally:
+        repl.close()
+
+
+# -- work handed between threads ---------------------------------------------------
+
+
+@dataclass
+class _Table:
+    plan: TablePlan
+    encoder: TableEncoder
+    progress: TableProgress
+    ranges_left: int = 0
+    tickets: list[TxnTicket] = field(default_factory=list)
+    all_read: bool = False
+    reported: bool = False
+
+
+@dataclass(frozen=True)
+class _Range:
+    table: _Table
+    after: Key | None  # exclusive lower bound; None: from the start
+    upper: Key | None  # inclusive upper bound; None: to the end
+
+
+@dataclass(frozen=True)
+class _Rows:
+    table: _Table
+    rows: list[TupleData]
+
+
+@dataclass(frozen=True)
+class _RangeDone:
+    table: _Table
+
+
+@dataclass(frozen=True)
+class _WorkerDone:
+    error: BaseException | None
+
+
+class InitialSnapshot:
+    """Reads every table of an exported snapshot and publishes it; see the module docstring."""
+
+    def __init__(
+        self,
+        exported: ExportedSnapshot,
+        tables: list[tuple[str, str]],
+        *,
+        publisher: Publisher,
+        tracker: AckTracker,
+        poll: Callable[[float], Any],
+        relations: RelationCache,
+        publication: str,
+        chunk_rows: int,
+        metrics: Any,
+        stop: threading.Event,
+        beat: Callable[[], None],
+        on_table_done: Callable[[str], None],
+    ) -> None:
+        self.exported = exported
+        self.tables = tables
+        self.publisher = publisher
+        self.tracker = tracker
+        self.poll = poll
+        self.relations = relations
+        self.publication = publication
+        self.chunk_rows = chunk_rows
+        self.metrics = metrics
+        self.stop = stop
+        self.beat = beat
+        self.on_table_done = on_table_done
+        self._abort = threading.Event()
+        self._results: queue.Queue[_Rows | _RangeDone | _WorkerDone] = queue.Queue(
+            maxsize=2 * max(1, len(exported.pool))
+        )
+        self._ranges: queue.Queue[_Range] = queue.Queue()
+        self.rows = 0
+
+    # -- planning (main thread, inside the snapshot) --------------------------------
+
+    def _plan(self) -> list[_Table]:
+        db = self.exported.pool[0]
+        planned: list[_Table] = []
+        for schema, table in self.tables:
+            plan = plan_table(db, self.relations, schema, table, self.publication)
+            encoder = self.publisher.snapshot_encoder(plan.version)
+            if encoder is None:
+                continue
+            estimated = estimate_rows(db, plan.relation_id)
+            planned.append(_Table(plan, encoder, TableProgress(plan.name, estimated, self.metrics)))
+            points: list[Key] = []
+            if plan.keyed:
+                if estimated > 4 * self.chunk_rows:
+                    points = split_points(db, plan, len(self.exported.pool), estimated)
+            else:
+                log.warning(
+                    "table %s has no primary key or replica identity index: its snapshot is "
+                    "one pass in physical order, and its Kafka messages have null keys",
+                    plan.name,
+                    extra={"table": plan.name},
+                )
+            bounds: list[Key | None] = [None, *points, None]
+            for after, upper in zip(bounds, bounds[1:], strict=False):
+                self._ranges.put(_Range(planned[-1], after, upper))
+                planned[-1].ranges_left += 1
+        return planned
+
+    # -- reading (worker threads) ---------------------------------------------------
+
+    def _put(self, item: _Rows | _RangeDone | _WorkerDone) -> None:
+        while not self._abort.is_set():
+            try:
+                self._results.put(item, timeout=_QUEUE_WAIT_S)
+                return
+            except queue.Full:
+                continue
+
+    def _read(self, db: SourceDatabase) -> None:
+        error: BaseException | None = None
+        name = "a table"
+        try:
+            cursor = db.conn.cursor()
+            while not self._abort.is_set():
+                try:
+                    work = self._ranges.get_nowait()
+                except queue.Empty:
+                    break
+                name = work.table.plan.name
+                self._read_range(cursor, work)
+        except psycopg2.Error as exc:
+            error = _read_error(exc, name)
+        except CdcdError as exc:
+            error = exc
+        finally:
+            self._put(_WorkerDone(error))
+
+    def _read_range(self, cursor: Any, work: _Range) -> None:
+        plan = work.table.plan
+        if not plan.keyed:
+            stream = CopyRowStream(
+                plan, self.chunk_rows, lambda rows: self._put(_Rows(work.table, rows))
+            )
+            cursor.copy_expert(f"COPY ({plan.select_sql(cursor, None, None, None)}) TO STDOUT", stream)
+            stream.close()
+        else:
+            after = work.after
+            while not self._abort.is_set():
+                chunk = read_chunk(cursor, plan, after, work.upper, self.chunk_rows)
+                if chunk.rows:
+                    self._put(_Rows(work.table, chunk.rows))
+                if len(chunk.rows) < self.chunk_rows:
+                    break
+                after = chunk.last_key
+        self._put(_RangeDone(work.table))
+
+    # -- publishing (main thread) ---------------------------------------------------
+
+    def run(self) -> bool:
+        """Read, publish and wait for delivery; False if stopped before the end."""
+        started = time.monotonic()
+        point = self.exported.consistent_point
+        tables = self._plan()
+        total_estimate = sum(t.progress.estimated for t in tables)
+        log.info(
+            "initial snapshot of %d tables (about %s rows) at %s with %d connections",
+            len(tables),
+            f"{total_estimate:,}",
+            point,
+            len(self.exported.pool),
+            extra={"lsn": str(point)},
+        )
+        progress = ProgressLog("initial snapshot")
+        workers = [
+            threading.Thread(target=self._read, args=(db,), name=f"cdcd-snapshot-{i}", daemon=True)
+            for i, db in enumerate(self.exported.pool)
+        ]
+        for worker in workers:
+            worker.start()
+        ts_ms = time.time_ns() // 1_000_000
+        seq = 0
+        live = len(workers)
+        try:
+            while live:
+                try:
+                    item = self._results.get(timeout=_QUEUE_WAIT_S)
+                except queue.Empty:
+                    item = None
+                if isinstance(item, _Rows):
+                    ticket, seq = self.publisher.snapshot_chunk(
+                        item.table.encoder, item.rows, point, ts_ms, seq
+                    )
+                    item.table.tickets.append(ticket)
+                    item.table.progress.chunk(len(item.rows), len(item.rows))
+                    self.rows += len(item.rows)
+                elif isinstance(item, _RangeDone):
+                    item.table.ranges_left -= 1
+                    item.table.all_read = item.table.ranges_left == 0
+                elif isinstance(item, _WorkerDone):
+                    live -= 1
+                    if item.error is not None:
+                        raise item.error
+                if not self._serve(tables, progress):
+                    return False
+            while not all(t.reported for t in tables):
+                self.poll(0.1)
+                if not self._serve(tables, progress):
+                    return False
+        finally:
+            self._abort.set()
+            for worker in workers:
+                worker.join(timeout=10)
+        elapsed = time.monotonic() - started
+        log.info(
+            "initial snapshot complete: %s rows of %d tables in %.1f s (%s rows/s), delivered",
+            f"{self.rows:,}",
+            len(tables),
+            elapsed,
+            f"{self.rows / max(elapsed, 1e-6):,.0f}",
+            extra={"snapshot_rows": self.rows, "lsn": str(point)},
+        )
+        return True
+
+    def _serve(self, tables: list[_Table], progress: ProgressLog) -> bool:
+        """Delivery reports, failures, health, finished tables; False when stopping."""
+        self.poll(0)
+        if self.tracker.failure is not None:
+            raise self.tracker.failure
+        self.beat()
+        for table in tables:
+            if table.all_read and not table.reported:
+                table.tickets = [t for t in table.tickets if not t.complete]
+                if not table.tickets:
+                    table.reported = True
+                    table.progress.finish()
+                    self.on_table_done(table.plan.name)
+                    log.info(
+                        "initial snapshot of %s delivered: %s rows, %d chunks",
+                        table.plan.name,
+                        f"{table.progress.rows:,}",
+                        table.progress.chunks,
+                        extra={"table": table.plan.name},
+                    )
+        progress.maybe(t.progress for t in tables)
+        return not self.stop.is_set()
+
+
+def _read_error(exc: psycopg2.Error, table: str) -> CdcdError:
+    message = query_error(exc)
+    if isinstance(exc, psycopg2.OperationalError):
+        return TransientError(f"reading {table} for the snapshot failed: {message}")
+    if isinstance(exc, psycopg2.errors.InsufficientPrivilege):
+        return DefiniteError(
+            f"cannot read {table} for the snapshot: {message}",
+            hint=f"GRANT SELECT ON {table} TO the cdcd user",
+        )
+    return DefiniteError(
+        f"reading {table} for the snapshot failed: {message}",
+        hint="fix the table or exclude it from postgres.tables",
+    )

@@ -1,0 +1,305 @@
+"""The signal table: snapshot requests in, snapshot progress out, in the source database.
+
+One table (``snapshot.signal_table``, default ``cdcd_signal`` in the schema
+first on the search path, normally ``public``) holds every snapshot job:
+
+* operators request an incremental snapshot by inserting a row — the same
+  statement Debezium users know::
+
+      INSERT INTO cdcd_signal (id, type, data)
+      VALUES ('ad-hoc-1', 'execute-snapshot', '{"data-collections": ["public.orders"]}');
+
+  or run ``cdcd snapshot -c FILE --table public.orders``, which inserts it;
+* cdcd records its own initial snapshot as the row ``initial:<slot>``;
+* cdcd keeps each job's state in ``status`` (pending, running, done,
+  failed, cancelled) and ``progress`` (JSON: tables, tables done, the last
+  key of the last *delivered* chunk, chunk and row counts).
+
+Why the source database and not Kafka: progress must be read back at start
+before anything else happens, exactly and quickly — a compacted Kafka topic
+would have to be consumed to its end, which needs a trustworthy high
+watermark (the local broker's is not, see INFRA.md) and a consumer on the
+start-up path. The database is already the store of the other half of the
+position, the slot's confirmed LSN; the row is one UPDATE per chunk; an
+operator can read progress with ``SELECT`` and cancel a job with
+``UPDATE … SET status = 'cancelled'``. Progress is written only after every
+message of the chunk was acknowledged by Kafka, so a restart may re-send
+chunks after it (at-least-once) but never skips one.
+
+cdcd polls the table (a few rows, every couple of seconds) rather than
+watching it in the change stream, so the table need not be in the
+publication; cdcd never publishes its changes (it is excluded from capture,
+even with ``FOR ALL TABLES``). cdcd creates the table when it is missing
+(``CREATE`` privilege on the schema needed); otherwise the operator creates
+it with :data:`DDL`. When it can be neither created nor used
+(:class:`SignalTableUnavailable`), the session streams without incremental
+snapshots, and refuses only to create a slot with an initial snapshot, whose
+crash safety depends on the job row. Daemons that share a database need distinct signal
+tables: a pending request is claimed by whichever daemon sees it first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+
+from cdcd.errors import DefiniteError
+from cdcd.source.database import SourceDatabase, quote_ident, split_table
+
+__all__ = ["DDL", "Job", "SignalTable", "SignalTableUnavailable"]
+
+log = logging.getLogger("cdcd.snapshot")
+
+DDL = """CREATE TABLE IF NOT EXISTS {table} (
+  id text PRIMARY KEY DEFAULT md5(random()::text || clock_timestamp()::text),
+  type text NOT NULL DEFAULT 'execute-snapshot',
+  data jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+  status text NOT NULL DEFAULT 'pending',
+  progress jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now())"""
+
+_COLUMNS = ("id", "type", "data", "status", "progress", "created_at", "updated_at")
+
+INITIAL = "initial"
+EXECUTE = "execute-snapshot"
+
+PENDING = "pending"
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+CANCELLED = "cancelled"
+
+
+class SignalTableUnavailable(DefiniteError):
+    """The signal table cannot be created, or exists with another layout."""
+
+
+@dataclass
+class Job:
+    """One snapshot job (a row of the signal table)."""
+
+    id: str
+    type: str
+    status: str
+    tables: list[str]
+    progress: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def initial(self) -> bool:
+        return self.type == INITIAL
+
+    @property
+    def done_tables(self) -> list[str]:
+        return list(self.progress.get("done") or [])
+
+    @property
+    def remaining(self) -> list[str]:
+        done = set(self.done_tables)
+        return [t for t in self.tables if t not in done]
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _tables_of(data: Any) -> list[str]:
+    data = _json(data)
+    if not isinstance(data, dict):
+        return []
+    tables = data.get("data-collections") or data.get("tables") or []
+    if isinstance(tables, str):
+        tables = [tables]
+    return [str(t) for t in tables] if isinstance(tables, list) else []
+
+
+class SignalTable:
+    """Requests and progress in the source database; see the module docstring."""
+
+    def __init__(self, db: SourceDatabase, name: str) -> None:
+        self.db = db
+        if "." in name:
+            self.schema, self.table = split_table(name)
+        else:
+            self.schema, self.table = str(db.scalar("SELECT current_schema()")), name
+        self.sql = f"{quote_ident(self.schema)}.{quote_ident(self.table)}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def _query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """``db.query`` with errors that name the signal table and what to do."""
+        try:
+            return self.db.query(sql, params)
+        except psycopg2.errors.UndefinedTable as exc:
+            raise DefiniteError(
+                f"the snapshot signal table {self.name} is gone: {query_error(exc)}",
+                hint="restart cdcd to create it again (snapshot progress kept there is lost: "
+                "request interrupted snapshots again)",
+            ) from exc
+        except psycopg2.Error as exc:
+            raise DefiniteError(
+                f"snapshot signal table {self.name}: {query_error(exc)}",
+                hint="check its layout and the cdcd user's privileges on it (docs/snapshots.md)",
+            ) from exc
+
+    # -- the table ------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Create the table if it is missing; check that it has cdcd's columns."""
+        if not self.db.table_exists(self.schema, self.table):
+            try:
+                self.db.query(DDL.format(table=self.sql))
+            except (psycopg2.errors.InsufficientPrivilege, psycopg2.errors.InvalidSchemaName) as exc:
+                raise SignalTableUnavailable(
+                    f"cannot create the signal table {self.name}: {str(exc).strip().splitlines()[0]}",
+                    hint="create it as a user allowed to (statement in docs/snapshots.md), "
+                    "or set snapshot.signal_table to a schema.table cdcd may create",
+                ) from exc
+            log.info("created the snapshot signal table %s", self.name)
+        present = {
+            str(r[0])
+            for r in self._query(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+                "AND attnum > 0 AND NOT attisdropped",
+                (self.sql,),
+            )
+        }
+        missing = [c for c in _COLUMNS if c not in present]
+        if missing:
+            raise SignalTableUnavailable(
+                f"signal table {self.name} lacks the column(s) {', '.join(missing)}",
+                hint="drop it so that cdcd re-creates it, or set snapshot.signal_table to "
+                "another table (layout in docs/snapshots.md)",
+            )
+
+    # -- requests -------------------------------------------------------------------
+
+    def request(self, tables: list[str]) -> str:
+        """Insert an incremental snapshot request; returns its id."""
+        data = {"data-collections": tables, "type": "incremental"}
+        rows = self._query(
+            f"INSERT INTO {self.sql} (type, data) VALUES (%s, %s::jsonb) RETURNING id",
+            (EXECUTE, json.dumps(data)),
+        )
+        return str(rows[0][0])
+
+    def _job(self, row: tuple[Any, ...]) -> Job:
+        job_id, kind, data, status, progress = row
+        progress = _json(progress)
+        if not isinstance(progress, dict):
+            progress = {}
+        tables = progress.get("tables")
+        if not isinstance(tables, list):
+            tables = _tables_of(data)
+        return Job(str(job_id), str(kind), str(status), [str(t) for t in tables], progress)
+
+    def get(self, job_id: str) -> Job | None:
+        rows = self._query(
+            f"SELECT id, type, data, status, progress FROM {self.sql} WHERE id = %s", (job_id,)
+        )
+        return self._job(rows[0]) if rows else None
+
+    def next_job(self, slot: str) -> Job | None:
+        """The job to work on: one this slot left running (resume), else the oldest pending one.
+
+        A pending job is claimed atomically (``FOR UPDATE SKIP LOCKED``), so
+        two daemons never take the same request.
+        """
+        rows = self._query(
+            f"SELECT id, type, data, status, progress FROM {self.sql} WHERE status = %s "
+            "AND progress->>'slot' = %s ORDER BY created_at, id LIMIT 1",
+            (RUNNING, slot),
+        )
+        if rows:
+            return self._job(rows[0])
+        rows = self._query(
+            f"UPDATE {self.sql} SET status = %s, updated_at = now(), "
+            "progress = jsonb_build_object('slot', %s::text) "
+            f"WHERE id = (SELECT id FROM {self.sql} WHERE status = %s AND type <> %s "
+            "ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            "RETURNING id, type, data, status, progress",
+            (RUNNING, slot, PENDING, INITIAL),
+        )
+        if not rows:
+            return None
+        job = self._job(rows[0])
+        job.tables = _tables_of(rows[0][2])
+        job.progress["tables"] = job.tables
+        return job
+
+    def save(self, job: Job) -> None:
+        """Write the job's status and progress (one UPDATE)."""
+        self._query(
+            f"UPDATE {self.sql} SET status = %s, progress = %s::jsonb, updated_at = now() "
+            "WHERE id = %s",
+            (job.status, json.dumps(job.progress), job.id),
+        )
+
+    def fail(self, job: Job, reason: str) -> None:
+        job.status = FAILED
+        job.progress["error"] = reason
+        self.save(job)
+
+    # -- the initial snapshot -------------------------------------------------------
+
+    @staticmethod
+    def initial_id(slot: str) -> str:
+        return f"{INITIAL}:{slot}"
+
+    def begin_initial(self, slot: str, tables: list[str]) -> Job:
+        """Record, *before* the slot is created, that its initial snapshot is under way.
+
+        Written first so that no crash can leave a slot whose snapshot was
+        never recorded: a restart that finds the slot and this row unfinished
+        completes the snapshot (see ``cdcd.snapshot.incremental``).
+        """
+        job = Job(
+            self.initial_id(slot),
+            INITIAL,
+            RUNNING,
+            list(tables),
+            {"slot": slot, "tables": list(tables), "done": []},
+        )
+        self._query(
+            f"INSERT INTO {self.sql} (id, type, data, status, progress) "
+            "VALUES (%s, %s, %s::jsonb, %s, %s::jsonb) ON CONFLICT (id) DO UPDATE SET "
+            "type = EXCLUDED.type, data = EXCLUDED.data, status = EXCLUDED.status, "
+            "progress = EXCLUDED.progress, created_at = now(), updated_at = now()",
+            (
+                job.id,
+                INITIAL,
+                json.dumps({"data-collections": tables, "slot": slot}),
+                RUNNING,
+                json.dumps(job.progress),
+            ),
+        )
+        return job
+
+    def unfinished_initial(self, slot: str) -> Job | None:
+        job = self.get(self.initial_id(slot))
+        return job if job is not None and job.status in (PENDING, RUNNING) else None
+
+    def cancel_initial(self, slot: str, reason: str) -> None:
+        """A new slot made without a snapshot: an older unfinished initial job is moot."""
+        job = self.unfinished_initial(slot)
+        if job is not None:
+            job.status = CANCELLED
+            job.progress["error"] = reason
+            self.save(job)
+
+
+def query_error(exc: psycopg2.Error) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

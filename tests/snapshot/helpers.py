@@ -1,0 +1,162 @@
+"""Shared pieces of the snapshot tests: the SPEC §9 ``orders`` table, a writer, comparisons."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import psycopg2.extensions
+from support.cdc import Change, read_changes, replay, wait_for
+from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
+
+ORDERS = """
+CREATE TABLE orders(
+  id bigserial PRIMARY KEY,
+  customer_id int NOT NULL,
+  status text NOT NULL,
+  amount numeric(12,2) NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  note text,
+  flags boolean,
+  payload jsonb)
+"""
+
+
+def create_orders(conn: psycopg2.extensions.connection, rows: int, table: str = "orders") -> None:
+    """The SPEC §9 table with ``rows`` rows (ids 1..rows), some notes with COPY escapes."""
+    with conn.cursor() as cur:
+        cur.execute(ORDERS.replace("orders", table, 1))
+        cur.execute(
+            f"INSERT INTO {table}(customer_id, status, amount, note, flags, payload) "
+            "SELECT (g::int8 * 7919) %% 100000, 'shipped', ((g * 31) %% 100000) / 100.0, "
+            "CASE WHEN g %% 97 = 0 THEN E'tab\\there\\nnew line \\\\ back' "
+            "WHEN g %% 89 = 0 THEN NULL ELSE md5(g::text) END, "
+            "CASE WHEN g %% 5 = 0 THEN NULL ELSE g %% 2 = 0 END, "
+            "jsonb_build_object('a', g, 'b', 'x\\y') FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        cur.execute(f"ANALYZE {table}")
+
+
+def normalize(row: dict[str, Any]) -> dict[str, Any]:
+    """Values from psycopg2 and from fastavro in one comparable form."""
+    out: dict[str, Any] = {}
+    for name, value in row.items():
+        if isinstance(value, dict | list) and name == "payload":
+            value = json.dumps(value, sort_keys=True)
+        elif name == "payload" and isinstance(value, str):
+            value = json.dumps(json.loads(value), sort_keys=True)
+        elif isinstance(value, memoryview):
+            value = bytes(value)
+        elif isinstance(value, Decimal):
+            value = value.normalize()
+        out[name] = value
+    return out
+
+
+def table_state(conn: psycopg2.extensions.connection, table: str, key: str = "id") -> dict[Any, dict[str, Any]]:
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {table}")
+        names = [d[0] for d in cur.description]
+        return {r[names.index(key)]: normalize(dict(zip(names, r, strict=True))) for r in cur.fetchall()}
+
+
+def mirrored(changes: list[Change], key: str = "id") -> dict[Any, dict[str, Any]]:
+    return {k[0]: normalize(v) for k, v in replay(changes, (key,)).items()}
+
+
+def wait_caught_up(pg: PgDatabase, slot: str, timeout_s: float = 120) -> None:
+    conn = pg.connect()
+    target = current_wal_lsn(conn)
+    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=timeout_s,
+             what="the daemon to confirm everything written")
+
+
+def wait_streaming(pg: PgDatabase, slot: str, timeout_s: float = 120) -> None:
+    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
+                                 "AND active", (slot,)), timeout_s=timeout_s,
+             what="the daemon to stream")
+
+
+def topic_changes(broker_servers: str, prefix: str, table: str = "orders",
+                  expected: int | None = None) -> list[Change]:
+    return read_changes(broker_servers, prefix, [f"{prefix}.public.{table}"], expected=expected,
+                        timeout_s=180, idle_s=3.0)
+
+
+@dataclass
+class Writer:
+    """Concurrent single-row transactions against ``orders``: inserts, updates, deletes."""
+
+    pg: PgDatabase
+    max_id: int
+    seed: int = 1
+    pause_s: float = 0.0
+    table: str = "orders"
+    stop: threading.Event = field(default_factory=threading.Event)
+    counts: dict[str, int] = field(default_factory=lambda: {"c": 0, "u": 0, "d": 0})
+    failure: list[BaseException] = field(default_factory=list)
+    _thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        conn = self.pg.connect()
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    choice = rng.random()
+                    key = rng.randrange(1, self.max_id + 1)
+                    if choice < 0.2:
+                        cur.execute(
+                            f"INSERT INTO {self.table}(customer_id, status, amount, note, flags, "
+                            "payload) VALUES (%s, 'new', %s, 'inserted', true, '{\"w\": 1}')",
+                            (rng.randrange(1000), rng.randrange(100000) / 100),
+                        )
+                        self.counts["c"] += 1
+                    elif choice < 0.75:
+                        cur.execute(
+                            f"UPDATE {self.table} SET status = 'updated', amount = amount + 1, "
+                            "note = %s WHERE id = %s",
+                            (f"u{rng.randrange(10**6)}", key),
+                        )
+                        self.counts["u"] += 1
+                    else:
+                        cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
+                        self.counts["d"] += 1
+                    if self.pause_s:
+                        time.sleep(self.pause_s)
+        except Exception as exc:  # noqa: BLE001 - reported by the test thread
+            self.failure.append(exc)
+        finally:
+            conn.close()
+
+    def start(self) -> Writer:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        if self.failure:
+            raise self.failure[0]
+
+
+def when(predicate: Callable[[], Any], timeout_s: float = 120, what: str = "") -> Any:
+    return wait_for(predicate, timeout_s=timeout_s, interval_s=0.1, what=what)
+
+
+def signal_row(pg: PgDatabase, job_id: str) -> tuple[str, dict[str, Any]] | None:
+    """(status, progress) of a signal table row, None while the table or the row is missing."""
+    if pg.fetchone("SELECT to_regclass('public.cdcd_signal')")[0] is None:  # type: ignore[index]
+        return None
+    row = pg.fetchone("SELECT status, progress FROM cdcd_signal WHERE id = %s", (job_id,))
+    return (row[0], row[1]) if row else None

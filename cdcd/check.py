@@ -22,7 +22,13 @@ def _captured_tables(config: CdcdConfig, db: SourceDatabase) -> list[tuple[str, 
     if config.postgres.tables:
         return [split_table(t) for t in config.postgres.tables]
     if db.publication_exists(config.postgres.publication):
-        return db.publication_tables(config.postgres.publication)
+        # cdcd never publishes its own signal table, even FOR ALL TABLES.
+        signal = config.snapshot.signal_table.rsplit(".", 1)[-1]
+        return [
+            (schema, table)
+            for schema, table in db.publication_tables(config.postgres.publication)
+            if table != signal
+        ]
     return []
 
 

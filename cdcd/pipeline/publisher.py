@@ -68,6 +68,9 @@ from cdcd.protocol.messages import (
 )
 
 HEARTBEAT_PREFIX = "cdcd.heartbeat"
+#: ``cdcd.seq`` header values of the first message ordinals, built once.
+_SEQ_CACHED = 4096
+_SEQ_TEXT = [str(n).encode("ascii") for n in range(_SEQ_CACHED)]
 #: Prefix of the low/high watermark messages of incremental snapshots.
 WATERMARK_PREFIX = "cdcd.watermark"
 Headers = list[tuple[str, bytes]]
@@ -120,7 +123,7 @@ class Publisher:
         self._holds: dict[str, Hold] = {}
         self._included: dict[tuple[int, int], TableEncoder | None] = {}
         self._table_metrics: dict[str, TableMetrics] = {}
-        self._counts: dict[tuple[str, str], int] = {}
+        self._counts: dict[tuple[str, str, str], int] = {}
         self._topics_ready: set[str] = set()
         self._watermarks: Callable[[LogicalMessage], None] | None = None
         self._watch_relid: int | None = None
@@ -154,8 +157,12 @@ class Publisher:
         stamp = self._stamp
         if ticket is None or stamp is None:
             raise DefiniteError("change outside a transaction", hint="this is a bug; report it")
-        headers = [("cdcd.lsn", stamp.lsn_header), ("cdcd.seq", str(self._seq).encode("ascii"))]
-        self._seq += 1
+        seq = self._seq
+        headers = [
+            ("cdcd.lsn", stamp.lsn_header),
+            ("cdcd.seq", _SEQ_TEXT[seq] if seq < _SEQ_CACHED else str(seq).encode("ascii")),
+        ]
+        self._seq = seq + 1
         ticket.add()
         try:
             self._producer.produce(topic, key, value, headers, ticket.on_delivery)
@@ -167,8 +174,9 @@ class Publisher:
             ) from exc
 
     def _count(self, table: TableVersion, op: str) -> None:
-        name = table.qualified_name
-        self._counts[(name, op)] = self._counts.get((name, op), 0) + 1
+        # Keyed by the schema and table name strings: no formatting per row.
+        key = (table.schema, table.table, op)
+        self._counts[key] = self._counts.get(key, 0) + 1
 
     # -- ChangeSink -----------------------------------------------------------------
 
@@ -288,7 +296,8 @@ class Publisher:
             raise DefiniteError("commit outside a transaction", hint="this is a bug; report it")
         if self._transaction_records:
             per_table: dict[str, int] = {}
-            for (name, _op), count in self._counts.items():
+            for (schema, table, _op), count in self._counts.items():
+                name = f"{schema}.{table}"
                 per_table[name] = per_table.get(name, 0) + count
             self._transaction_record("END", per_table)
         ticket.seal(end_lsn)
@@ -297,7 +306,8 @@ class Publisher:
         self.transactions += 1
         if self._metrics is not None:
             self._metrics.transactions.inc()
-            for (name, op), count in self._counts.items():
+            for (schema, table, op), count in self._counts.items():
+                name = f"{schema}.{table}"
                 tm = self._table_metrics.get(name)
                 if tm is not None:
                     tm.events[op].inc(count)

@@ -61,6 +61,8 @@ _POLL_EVERY = 256  # messages between delivery-report polls
 _DRAIN_TIMEOUT_S = 30.0
 _LAG_SAMPLE_S = 5.0
 _PROGRESS_STATUS_MIN_S = 0.2
+_IN_FLIGHT_WAIT_S = 0.001
+_IDLE_WAIT_S = 0.5
 
 
 class SessionState:
@@ -104,6 +106,7 @@ class Session:
         self._snapshots: IncrementalSnapshots | None = None
         self._last_status = 0.0
         self._sent_confirmed: Lsn | None = None
+        self._age_confirmed: Lsn | None = None
 
     # -- setup ----------------------------------------------------------------------
 
@@ -395,28 +398,28 @@ class Session:
                 raise tracker.failure
             if snapshots is not None:
                 snapshots.tick()
-            if metrics is not None and received:
-                metrics.mark_received(last_lsn, received)
+            if metrics is not None:
+                if received:
+                    metrics.mark_received(last_lsn, received)
+                    received = 0
                 metrics.in_flight.set(tracker.in_flight)
                 metrics.producer_queue.set(len(sink))
                 metrics.spill_bytes.set(assembler.spilled_bytes)
-                received = 0
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + heartbeat_s
+            if now >= next_lag:  # also while catching up, when the socket is never idle
+                self._sample_lag()
+                next_lag = now + _LAG_SAMPLE_S
+            if message is None and assembler.idle and tracker.pending_transactions == 0:
+                tracker.advance_idle(stream.wal_end)
+            self._status_if_due()
+            self.state.beat()
             if message is None:
-                if assembler.idle and tracker.pending_transactions == 0:
-                    tracker.advance_idle(stream.wal_end)
-                now = time.monotonic()
-                if now >= next_heartbeat:
-                    self._heartbeat()
-                    next_heartbeat = now + heartbeat_s
-                if now >= next_lag:
-                    self._sample_lag()
-                    next_lag = now + _LAG_SAMPLE_S
-                self._status_if_due()
-                self.state.beat()
-                stream.wait(0.05 if tracker.in_flight else 0.5)
-            else:
-                self._status_if_due()
-                self.state.beat()
+                # With messages in flight, wake up often to serve their delivery
+                # reports (latency); otherwise sleep until the walsender sends.
+                stream.wait(_IN_FLIGHT_WAIT_S if tracker.in_flight else _IDLE_WAIT_S)
 
     # -- confirmation ----------------------------------------------------------------
 
@@ -438,7 +441,12 @@ class Session:
             self._sent_confirmed = confirmed
             self.state.confirmed = confirmed
             log.debug("confirmed %s", confirmed, extra={"lsn": str(confirmed)})
-        if self.metrics is not None:
+        if self.metrics is not None and (
+            confirmed != self._age_confirmed or tracker.pending_transactions == 0
+        ):
+            # The age restarts when confirmation moves, or when nothing waits
+            # (an idle slot is healthy): stuck confirmation keeps ageing.
+            self._age_confirmed = confirmed
             self.metrics.mark_confirmed(int(confirmed))
 
     def _while_blocked(self) -> bool:
@@ -470,6 +478,9 @@ class Session:
         while len(sink) and time.monotonic() < deadline:
             sink.poll(0.1)
             self._status_if_due()
+        if self.metrics is not None:
+            self.metrics.in_flight.set(tracker.in_flight)
+            self.metrics.producer_queue.set(len(sink))
         if tracker.failure is not None:
             raise tracker.failure
         self._status_if_due(force=True)

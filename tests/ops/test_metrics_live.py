@@ -19,9 +19,9 @@ Sequence (one daemon for the module, tests in file order):
 A separate test restarts a daemon on a 1M-row backlog to check that the slot
 lag is sampled while catching up, when operators look at it most.
 
-Where the daemon does not update a metric as documented, the test states the
-documented behaviour and is marked ``xfail(strict=True)`` with the place in the
-code; fixing the code turns it into an XPASS failure, to remove the marker.
+Each test states the documented behaviour of a metric (three of them caught
+real bugs: stale in-flight gauges after catch-up, a confirmation age reset by
+every status update, and lag not sampled during catch-up).
 """
 
 from __future__ import annotations
@@ -70,16 +70,6 @@ LAG_SAMPLE_WAIT_S = 20.0
 
 _db_counter = itertools.count(1)
 
-#: The gauges are only refreshed in the loop when new WAL payload arrived
-#: since the previous refresh (``if metrics is not None and received:`` in
-#: ``Session._loop``), so after the last delivery report they keep their last,
-#: non-zero value for as long as the database stays quiet.
-STALE_IN_FLIGHT = pytest.mark.xfail(
-    strict=True,
-    reason="cdcd/pipeline/session.py Session._loop refreshes cdcd_messages_in_flight and "
-    "cdcd_producer_queue_messages (and cdcd_spill_bytes) only when payload was received "
-    "since the last refresh: after catch-up they stay at their last non-zero value",
-)
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -352,7 +342,6 @@ def test_slot_lag_returns_near_zero_after_catch_up(live: LiveRun) -> None:
     )
 
 
-@STALE_IN_FLIGHT
 def test_in_flight_and_queue_return_to_zero_after_catch_up(live: LiveRun) -> None:
     # Everything was acknowledged (the confirmed LSN passed the workload), so
     # nothing can still be in flight or queued in librdkafka.
@@ -440,12 +429,6 @@ def test_outage_recovers_lag_and_counts(outage: Outage, live: LiveRun) -> None:
     assert live.endpoint("/readyz")[0] == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cdcd/pipeline/session.py Session._status_if_due calls Metrics.mark_confirmed on "
-    "every standby status update, also when the confirmed LSN is stuck behind in-flight "
-    "messages, so cdcd_last_confirmed_age_seconds never exceeds status_interval_s",
-)
 def test_last_confirmed_age_grows_while_confirmation_is_stuck(outage: Outage) -> None:
     # docs/operations.md: "Computed at scrape time, so it grows while
     # confirmation is stuck" -- the CdcdConfirmationStalled alert relies on it.
@@ -455,7 +438,6 @@ def test_last_confirmed_age_grows_while_confirmation_is_stuck(outage: Outage) ->
     )
 
 
-@STALE_IN_FLIGHT
 def test_in_flight_and_queue_return_to_zero_after_the_outage(outage: Outage) -> None:
     assert outage.after.value("cdcd_messages_in_flight") == 0
     assert outage.after.value("cdcd_producer_queue_messages") == 0
@@ -510,12 +492,6 @@ def test_not_ready_while_draining_after_sigterm(live: LiveRun, outage: Outage) -
 BACKLOG_ROWS = 1_000_000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cdcd/pipeline/session.py Session._loop samples the slot lag (_sample_lag) only "
-    "when the replication socket has nothing to read: while catching up a backlog "
-    "cdcd_slot_lag_bytes stays at its first sample until the backlog is gone",
-)
 def test_slot_lag_is_sampled_while_catching_up_a_backlog(
     pg_cluster: LocalPostgres, broker: LocalBroker, tmp_path: Path
 ) -> None:

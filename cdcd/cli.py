@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot = sub.add_parser("snapshot", help="request an incremental snapshot of a table")
     _config_arg(snapshot)
     snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE")
+    # --debug is accepted after the subcommand too (``cdcd run -c FILE --debug``).
+    for command in sub.choices.values():
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks"
+        )
     return parser
 
 

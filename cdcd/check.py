@@ -11,9 +11,9 @@ from typing import Any
 
 from cdcd.config.model import CdcdConfig, redact_dsn
 from cdcd.decode.relations import RelationCache
-from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.envelope.schemas import envelope_schema, key_schema
 from cdcd.errors import CdcdError
+from cdcd.sink.topics import table_topic
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import SourceDatabase, relation_from_catalog, split_table
 
@@ -144,9 +144,7 @@ def table_schemas(config: CdcdConfig) -> list[dict[str, Any]]:
         out = []
         for schema, table in tables:
             version, _ = relations.on_relation(relation_from_catalog(db, schema, table))
-            topic = EnvelopeEncoder(config.kafka.topic_prefix, db.database, _NoWire()).topic_for(
-                schema, table
-            )
+            topic = table_topic(config.kafka.topic_prefix, schema, table)
             out.append(
                 {
                     "table": f"{schema}.{table}",
@@ -157,7 +155,3 @@ def table_schemas(config: CdcdConfig) -> list[dict[str, Any]]:
             )
         return out
 
-
-class _NoWire:
-    def header(self, topic: str, role: str, schema: dict[str, Any]) -> bytes:
-        return b""

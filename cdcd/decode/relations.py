@@ -82,11 +82,11 @@ class RelationCache:
         self._dimensions_lookup = dimensions_lookup
         self._current: dict[int, TableVersion] = {}
         self._shapes: dict[int, tuple[object, ...]] = {}
-        self.type_names: dict[int, tuple[str, str]] = {}
 
     def on_type(self, message: Type) -> None:
-        """Remember a non-builtin type's name; its details come from the catalog."""
-        self.type_names[message.type_oid] = (message.namespace, message.name)
+        """A Type message names a non-builtin type only (for a domain, even the
+        base type's name), so it is not used: the catalog, queried by OID when a
+        Relation needs the type, gives its kind, base and element types."""
 
     def on_relation(self, message: Relation) -> tuple[TableVersion, bool]:
         """Register a Relation message; returns the current version and whether it is new."""

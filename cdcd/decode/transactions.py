@@ -28,7 +28,6 @@ current when it was made.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -432,6 +431,3 @@ def _outside(what: str, message: Message) -> DefiniteError:
         hint="protocol violation; report it with the PostgreSQL version",
     )
 
-
-def spill_dir_usable(path: str | None) -> bool:
-    return path is None or (os.path.isdir(path) and os.access(path, os.W_OK))

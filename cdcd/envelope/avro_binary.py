@@ -2,9 +2,10 @@
 
 cdcd writes Avro bytes directly from the bytes PostgreSQL sent instead of
 building Python dicts for a generic writer: a text column becomes a length
-prefix plus the very UTF-8 bytes PostgreSQL sent. These primitives are the
-only place that knows the encoding rules; plain fastavro decodes everything
-they produce (the tests check that).
+prefix plus the very UTF-8 bytes PostgreSQL sent. These are the shared
+primitives (the float codecs in ``cdcd.decode.values`` pack IEEE 754 with
+``struct`` themselves); plain fastavro decodes everything they produce (the
+tests check that).
 
 * int and long: zig-zag, then little-endian base-128 varint.
 * bytes and string: a long length, then the bytes.
@@ -15,10 +16,6 @@ they produce (the tests check that).
 
 from __future__ import annotations
 
-from struct import Struct
-
-_FLOAT = Struct("<f")
-_DOUBLE = Struct("<d")
 _LONG_MIN = -(1 << 63)
 _LONG_MAX = (1 << 63) - 1
 
@@ -38,16 +35,7 @@ def encode_string(value: str) -> bytes:
     return encode_bytes(value.encode("utf-8"))
 
 
-def encode_float(value: float) -> bytes:
-    return _FLOAT.pack(value)
 
-
-def encode_double(value: float) -> bytes:
-    return _DOUBLE.pack(value)
-
-
-def encode_boolean(value: bool) -> bytes:
-    return TRUE if value else FALSE
 
 
 def encode_array(items: list[bytes]) -> bytes:
@@ -63,18 +51,6 @@ def encode_decimal(unscaled: int) -> bytes:
     return encode_bytes(unscaled.to_bytes(length, "big", signed=True))
 
 
-def decode_long(buf: bytes, pos: int = 0) -> tuple[int, int]:
-    """Read one zig-zag varint; returns (value, next position). For tests and tools."""
-    shift = 0
-    result = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-    return (result >> 1) ^ -(result & 1), pos
 
 
 # Lookup tables for encode_long: the varint of every 14-bit group, as the last

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from cdcd import __version__
 from cdcd.decode.relations import TableVersion
@@ -277,7 +277,3 @@ class EnvelopeEncoder:
                 del self._encoders[old]
             self._encoders[key] = encoder
         return encoder
-
-    def schemas(self, table: TableVersion) -> dict[str, Any]:
-        topic = self.topic_for(table.schema, table.table)
-        return {"topic": topic, "key": key_schema(topic, table), "value": envelope_schema(topic, table)}

@@ -51,6 +51,7 @@ import yaml
 
 from cdcd.config.model import parse_config
 from cdcd.errors import DefiniteError
+from cdcd.local.workload import orders_ddl
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.session import Session
 
@@ -61,17 +62,6 @@ CDCD_SLOT = "cdcd_bench_cdcd"
 BIG_SLOT = "cdcd_bench_big"
 TOPIC_PREFIX = "cdcd_bench"
 
-ORDERS = f"""
-CREATE TABLE {SCHEMA}.orders(
-  id bigserial PRIMARY KEY,
-  customer_id int NOT NULL,
-  status text NOT NULL,
-  amount numeric(12,2) NOT NULL,
-  created_at timestamptz NOT NULL DEFAULT now(),
-  note text,
-  flags boolean,
-  payload jsonb)
-"""
 
 #: Ten rows of the SPEC §9 shape; ``g`` numbers the rows of the whole load.
 TEN_ROWS = f"""
@@ -188,7 +178,7 @@ def _prepare(conn: Any) -> None:
         cur.execute(f"DROP PUBLICATION IF EXISTS {PUBLICATION}")
         cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         cur.execute(f"CREATE SCHEMA {SCHEMA}")
-        cur.execute(ORDERS)
+        cur.execute(orders_ddl(f"{SCHEMA}.orders"))
         cur.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {SCHEMA}.orders")
         for slot in (CEILING_SLOT, CDCD_SLOT):
             cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))

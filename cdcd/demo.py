@@ -61,6 +61,7 @@ from cdcd.config.model import CdcdConfig, parse_config
 from cdcd.daemon import Daemon
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
 from cdcd.local import BrokerSetupError, LocalBroker, LocalPostgres, PostgresSetupError
+from cdcd.local.workload import orders_ddl
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.lsn import Lsn
 
@@ -105,15 +106,7 @@ CREATE TABLE customers(
   email text NOT NULL,
   tags text[] NOT NULL DEFAULT '{}',
   created_at timestamptz NOT NULL DEFAULT now());
-CREATE TABLE orders(
-  id bigserial PRIMARY KEY,
-  customer_id int NOT NULL,
-  status text NOT NULL,
-  amount numeric(12,2) NOT NULL,
-  created_at timestamptz NOT NULL DEFAULT now(),
-  note text,
-  flags boolean,
-  payload jsonb);
+""" + orders_ddl() + """;
 ALTER TABLE orders REPLICA IDENTITY FULL;
 """
 

@@ -11,6 +11,10 @@
   Tests that freeze or restart a broker should use ``make_broker()`` instead;
   a session broker left frozen by a failed test is thawed afterwards.
 - ``make_broker`` (function): factory for a private broker.
+- ``cdc_config`` (function): ``cdc_config(**overrides)`` writes a daemon config
+  for this test's database, with its own topic prefix and slot.
+- ``daemons`` (function): ``daemons(config)`` starts ``cdcd run`` as a child
+  process; every one still alive is killed after the test.
 
 Nothing here starts unless a test asks for it, so unit tests stay fast.
 """
@@ -28,6 +32,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from support.cdc import DaemonProcess, write_config
 from support.pg import PgDatabase
 
 from cdcd.local import LocalBroker, LocalPostgres
@@ -118,3 +123,31 @@ def make_broker() -> Iterator[Callable[..., LocalBroker]]:
     finally:
         for instance in brokers:
             instance.cleanup()
+
+
+@pytest.fixture
+def cdc_config(pg: PgDatabase, broker: LocalBroker, tmp_path: Path) -> Callable[..., Path]:
+    """``cdc_config(**overrides)`` writes a config for this test's database."""
+
+    def make(**overrides: Any) -> Path:
+        overrides.setdefault("prefix", pg.dbname)
+        overrides.setdefault("slot", "cdcd_" + pg.dbname[:50])
+        return write_config(tmp_path / "cdcd.yaml", pg.dsn, broker.bootstrap_servers, **overrides)
+
+    return make
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
+    """Start daemons as child processes; every one is killed after the test."""
+    started: list[DaemonProcess] = []
+
+    def start(config: Path) -> DaemonProcess:
+        daemon = DaemonProcess(config, tmp_path / f"daemon-{len(started)}.log")
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        if daemon.alive():
+            daemon.kill9()

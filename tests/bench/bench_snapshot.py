@@ -31,19 +31,11 @@ from typing import Any
 from cdcd.config.model import parse_config
 from cdcd.local.broker import LocalBroker
 from cdcd.local.postgres import LocalPostgres
+from cdcd.local.workload import orders_ddl
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.session import Session
 
-ORDERS = """
-CREATE TABLE orders(
-  id bigserial PRIMARY KEY,
-  customer_id int NOT NULL,
-  status text NOT NULL,
-  amount numeric(12,2) NOT NULL,
-  created_at timestamptz NOT NULL DEFAULT now(),
-  note text,
-  flags boolean,
-  payload jsonb);
+ORDERS = orders_ddl() + """;
 INSERT INTO orders(customer_id, status, amount, note, flags, payload)
 SELECT (random() * 100000)::int, 'shipped', round((random() * 10000)::numeric, 2),
        md5(g::text), g %% 2 = 0, jsonb_build_object('sku', g %% 1000, 'qty', g %% 7)

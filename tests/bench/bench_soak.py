@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from cdcd.local import LocalBroker, LocalPostgres
+from cdcd.local.workload import orders_ddl
 
 SCRIPT = """\\set first random(1, 1000000000)
 BEGIN;
@@ -47,12 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     with LocalPostgres.start() as pg, LocalBroker.start() as broker, tempfile.TemporaryDirectory() as tmp:
         pg.create_database("soak")
-        pg.execute(
-            "CREATE TABLE orders(id bigserial PRIMARY KEY, customer_id int NOT NULL, status text "
-            "NOT NULL, amount numeric(12,2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), "
-            "note text, flags boolean, payload jsonb)",
-            dbname="soak",
-        )
+        pg.execute(orders_ddl(), dbname="soak")
         config = Path(tmp) / "cdcd.yaml"
         config.write_text(yaml.safe_dump({
             "postgres": {"dsn": pg.dsn("soak"), "tables": ["public.orders"]},

@@ -16,12 +16,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from support.cdc import DaemonProcess, wait_for, write_config
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
+from cdcd.local.workload import orders_ddl
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS = 1_000_000
-ORDERS = """CREATE TABLE orders(id bigserial PRIMARY KEY, customer_id int NOT NULL,
-  status text NOT NULL, amount numeric(12,2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
-  note text, flags boolean, payload jsonb)"""
 INSERT = """INSERT INTO orders(customer_id, status, amount, note, flags, payload)
   SELECT (random()*1e6)::int, 'shipped', round((random()*1e4)::numeric, 2), md5(g::text), g %% 2 = 0,
          jsonb_build_object('k', g, 'v', 'x') FROM generate_series(1, %s) g"""
@@ -59,7 +58,7 @@ def test_million_row_transaction(protocol_version: int, make_pg_cluster, broker,
     cluster = make_pg_cluster(settings={"logical_decoding_work_mem": "64kB"})
     cluster.create_database("app")
     conn = cluster.connect("app")
-    conn.cursor().execute(ORDERS)
+    conn.cursor().execute(orders_ddl())
     slot, prefix = f"cdcd_big{protocol_version}", f"big{protocol_version}"
     config = write_config(tmp_path / "c.yaml", cluster.dsn("app"), broker.bootstrap_servers,
                           prefix=prefix, slot=slot, tables=["public.orders"],

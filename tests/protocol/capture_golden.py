@@ -44,6 +44,7 @@ from typing import Any
 import psycopg2.extensions
 
 from cdcd.local.postgres import LocalPostgres
+from cdcd.local.workload import orders_ddl
 
 # ``tests/support`` is imported as ``support.*`` (``tests/conftest.py`` puts
 # ``tests/`` on sys.path); do the same when this runs as a script.
@@ -110,15 +111,7 @@ SCHEMA: tuple[str, ...] = (
     "INSERT INTO stream_small VALUES (1)",
     "CREATE TABLE tp_rows(id int PRIMARY KEY, v text)",
     # The SPEC section 9 benchmark table (also used by tests/bench/bench_decode.py).
-    """CREATE TABLE orders(
-        id bigserial PRIMARY KEY,
-        customer_id int NOT NULL,
-        status text NOT NULL,
-        amount numeric(12,2) NOT NULL,
-        created_at timestamptz NOT NULL DEFAULT now(),
-        note text,
-        flags boolean,
-        payload jsonb)""",
+    orders_ddl(),
 )
 
 #: Enough rows of ~100 bytes to exceed logical_decoding_work_mem=64kB several times.

@@ -15,23 +15,13 @@ import psycopg2.extensions
 from support.cdc import Change, read_changes, replay, wait_for
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
-ORDERS = """
-CREATE TABLE orders(
-  id bigserial PRIMARY KEY,
-  customer_id int NOT NULL,
-  status text NOT NULL,
-  amount numeric(12,2) NOT NULL,
-  created_at timestamptz NOT NULL DEFAULT now(),
-  note text,
-  flags boolean,
-  payload jsonb)
-"""
+from cdcd.local.workload import orders_ddl
 
 
 def create_orders(conn: psycopg2.extensions.connection, rows: int, table: str = "orders") -> None:
     """The SPEC §9 table with ``rows`` rows (ids 1..rows), some notes with COPY escapes."""
     with conn.cursor() as cur:
-        cur.execute(ORDERS.replace("orders", table, 1))
+        cur.execute(orders_ddl(table))
         cur.execute(
             f"INSERT INTO {table}(customer_id, status, amount, note, flags, payload) "
             "SELECT (g::int8 * 7919) %% 100000, 'shipped', ((g * 31) %% 100000) / 100.0, "

@@ -19,10 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, DaemonProcess, write_config
-from support.pg import PgDatabase
-
-from cdcd.local import LocalBroker
+from support.cdc import PROJECT_ROOT
 
 SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
 
@@ -41,34 +38,6 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
-
-
-@pytest.fixture
-def cdc_config(pg: PgDatabase, broker: LocalBroker, tmp_path: Path) -> Callable[..., Path]:
-    """``cdc_config(**overrides)`` writes a config for this test's database."""
-
-    def make(**overrides: Any) -> Path:
-        overrides.setdefault("prefix", pg.dbname)
-        overrides.setdefault("slot", "cdcd_" + pg.dbname[:50])
-        return write_config(tmp_path / "cdcd.yaml", pg.dsn, broker.bootstrap_servers, **overrides)
-
-    return make
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
-    """Start daemons as child processes; every one is killed after the test."""
-    started: list[DaemonProcess] = []
-
-    def start(config: Path) -> DaemonProcess:
-        daemon = DaemonProcess(config, tmp_path / f"daemon-{len(started)}.log")
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        if daemon.alive():
-            daemon.kill9()
 
 
 class MirrorProcess:

@@ -75,11 +75,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError
-
-from cdcd.errors import TransientError
 from cdcd.protocol.lsn import Lsn
-from cdcd.sink.producer import classify_delivery_error
+from cdcd.sink.producer import classify_delivery_report
 
 __all__ = ["AckTracker", "DeliveryClassifier", "Hold", "TxnTicket", "default_classifier"]
 
@@ -88,17 +85,8 @@ DeliveryClassifier = Callable[[Any, Any], BaseException]
 
 
 def default_classifier(err: Any, msg: Any) -> BaseException:
-    """Classify with :func:`cdcd.sink.producer.classify_delivery_error` when ``err`` is a KafkaError.
-
-    An exception instance is kept as is; anything else becomes a
-    :class:`TransientError` (a restart replays the transaction).
-    """
-    if isinstance(err, BaseException):
-        return err
-    if isinstance(err, KafkaError):
-        topic = msg.topic() if msg is not None else None
-        return classify_delivery_error(err, topic)
-    return TransientError(f"Kafka delivery failed: {err}")
+    """:func:`cdcd.sink.producer.classify_delivery_report` for topics cdcd does not manage."""
+    return classify_delivery_report(err, msg)
 
 
 class Hold:

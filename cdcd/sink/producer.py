@@ -259,6 +259,24 @@ def classify_delivery_error(
 # ------------------------------------------------------------------------ sink
 
 
+def classify_delivery_report(err: Any, msg: Any, *, create_topics: bool = False) -> BaseException:
+    """The exception a failed delivery report ``(err, msg)`` stands for.
+
+    An exception instance is kept as is; a ``KafkaError`` goes through
+    :func:`classify_delivery_error` with the message's topic and size;
+    anything else becomes a :class:`TransientError` (a restart replays it).
+    """
+    if isinstance(err, BaseException):
+        return err
+    if isinstance(err, KafkaError):
+        topic = msg.topic() if msg is not None else None
+        size = None
+        if msg is not None:
+            size = len(msg.key() or b"") + len(msg.value() or b"")
+        return classify_delivery_error(err, topic, create_topics=create_topics, size=size)
+    return TransientError(f"Kafka delivery failed: {err}")
+
+
 class KafkaSink:
     """A ``confluent_kafka.Producer`` with cdcd's backpressure and error handling.
 
@@ -391,15 +409,7 @@ class KafkaSink:
 
     def delivery_failure(self, err: Any, msg: Any) -> BaseException:
         """Classifier for :class:`cdcd.ack.AckTracker` that knows ``create_topics``."""
-        if isinstance(err, BaseException):
-            return err
-        if isinstance(err, KafkaError):
-            topic = msg.topic() if msg is not None else None
-            size = None
-            if msg is not None:
-                size = len(msg.key() or b"") + len(msg.value() or b"")
-            return classify_delivery_error(err, topic, create_topics=self.create_topics, size=size)
-        return TransientError(f"Kafka delivery failed: {err}")
+        return classify_delivery_report(err, msg, create_topics=self.create_topics)
 
     # ------------------------------------------------------------ reports
 

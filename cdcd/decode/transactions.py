@@ -250,7 +250,13 @@ class TransactionAssembler:
         """Process one decoded message; ``payload`` is the bytes it was decoded from."""
         kind = type(message)
         if kind is Insert or kind is Update or kind is Delete:
-            self._change(self.relations.get(message.relation_id), message, payload)  # type: ignore[union-attr]
+            table = self.relations.get(message.relation_id)  # type: ignore[union-attr]
+            if self._in_plain is not None and self._stream_xid is None and self._preparing is None:
+                # A row of a plain transaction, nearly every message: what
+                # _change and _deliver would do, two calls fewer.
+                self._sink.row(table, message)  # type: ignore[arg-type]
+            else:
+                self._change(table, message, payload)
         elif kind is Begin:
             self._begin(message)  # type: ignore[arg-type]
         elif kind is Commit:

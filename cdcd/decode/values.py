@@ -115,6 +115,7 @@ from cdcd.envelope.avro_binary import (
     NULL_BRANCH,
     TRUE,
     VALUE_BRANCH,
+    VARINT_LAST,
     encode_array,
     encode_long,
 )
@@ -126,7 +127,10 @@ __all__ = [
     "TIMESTAMP_MIN",
     "TIME_MAX",
     "ColumnCodec",
+    "bool_from_text",
     "column_codec",
+    "encode_text_value",
+    "int_from_text",
     "numeric_typmod",
 ]
 
@@ -532,11 +536,12 @@ def _decimal_codec(precision: int, scale: int) -> ColumnCodec:
             unscaled = _numeric_text_unscaled(value, avro_scale)
         if not -limit < unscaled < limit:
             raise ValueError(f"numeric value exceeds decimal({avro_precision},{avro_scale})")
-        # Avro decimal: minimal two's-complement big-endian bytes, length-prefixed.
+        # Avro decimal: minimal two's-complement big-endian bytes, length-prefixed
+        # (at most 420 bytes for 1000 digits: the length's varint is in the table).
         data = unscaled.to_bytes(
             (unscaled + (unscaled < 0)).bit_length() // 8 + 1, "big", signed=True
         )
-        return encode_long(len(data)) + data
+        return VARINT_LAST[len(data) << 1] + data
 
     def from_binary(value: bytes) -> bytes:
         unscaled = checked(_numeric_binary_unscaled(value, avro_scale))
@@ -1438,9 +1443,10 @@ def _dimension_error(found: int, expected: int) -> ValueError:
 # --------------------------------------------------------------------------- codecs
 
 
-def _encode_text(value: bytes) -> bytes:
+def encode_text_value(value: bytes) -> bytes:
     """Avro string/bytes of the value as sent: length prefix, then the same bytes."""
-    return encode_long(len(value)) + value
+    n = len(value)
+    return (VARINT_LAST[n << 1] if n < 8192 else encode_long(n)) + value
 
 
 def _to_str(value: bytes) -> str:
@@ -1451,12 +1457,12 @@ def _string_codec(pg_type: PgType, catalog: TypeCatalog, avro_type: Any = "strin
     renderer = _binary_renderer(pg_type, catalog)
     from_binary: Encoder
     if renderer is _render_identity:
-        from_binary = _encode_text  # text-like: the binary form is the text itself
+        from_binary = encode_text_value  # text-like: the binary form is the text itself
     elif renderer is not None:
         render = renderer
 
         def from_binary(value: bytes) -> bytes:
-            return _encode_text(render(value))
+            return encode_text_value(render(value))
 
     else:
         message = _unsupported_binary_message(f"{pg_type.namespace}.{pg_type.name}")
@@ -1464,10 +1470,10 @@ def _string_codec(pg_type: PgType, catalog: TypeCatalog, avro_type: Any = "strin
         def from_binary(value: bytes) -> bytes:
             raise ValueError(message)
 
-    return ColumnCodec(avro_type, _encode_text, from_binary, _to_str)
+    return ColumnCodec(avro_type, encode_text_value, from_binary, _to_str)
 
 
-def _int_from_text(value: bytes) -> bytes:
+def int_from_text(value: bytes) -> bytes:
     return encode_long(int(value))
 
 
@@ -1477,13 +1483,13 @@ def _fixed_int_codec(avro_type: str, size: int, signed: bool) -> ColumnCodec:
             raise _binary_error(f"{size}-byte integer")
         return encode_long(int.from_bytes(value, "big", signed=signed))
 
-    return ColumnCodec(avro_type, _int_from_text, from_binary, int)
+    return ColumnCodec(avro_type, int_from_text, from_binary, int)
 
 
 _BOOL_TEXT = {b"t": TRUE, b"f": FALSE}
 
 
-def _bool_from_text(value: bytes) -> bytes:
+def bool_from_text(value: bytes) -> bytes:
     encoded = _BOOL_TEXT.get(value)
     if encoded is None:
         raise ValueError(f"invalid boolean {value!r}")
@@ -1535,20 +1541,20 @@ def _float4_to_python(value: bytes) -> float:
     return result
 
 
-_BOOL_CODEC = ColumnCodec("boolean", _bool_from_text, _bool_from_binary, _bool_to_python)
+_BOOL_CODEC = ColumnCodec("boolean", bool_from_text, _bool_from_binary, _bool_to_python)
 _FLOAT4_CODEC = ColumnCodec("float", _float4_from_text, _float4_from_binary, _float4_to_python)
 _FLOAT8_CODEC = ColumnCodec("double", _float8_from_text, _float8_from_binary, float)
 
 
 def _bytea_from_text(value: bytes) -> bytes:
-    return _encode_text(_bytea_text(value))
+    return encode_text_value(_bytea_text(value))
 
 
-_BYTEA_CODEC = ColumnCodec("bytes", _bytea_from_text, _encode_text, _bytea_text)
+_BYTEA_CODEC = ColumnCodec("bytes", _bytea_from_text, encode_text_value, _bytea_text)
 
 
 def _uuid_from_binary(value: bytes) -> bytes:
-    return _encode_text(_render_uuid(value))
+    return encode_text_value(_render_uuid(value))
 
 
 def _uuid_to_python(value: bytes) -> uuid.UUID:
@@ -1556,7 +1562,7 @@ def _uuid_to_python(value: bytes) -> uuid.UUID:
 
 
 _UUID_CODEC = ColumnCodec(
-    {"type": "string", "logicalType": "uuid"}, _encode_text, _uuid_from_binary, _uuid_to_python
+    {"type": "string", "logicalType": "uuid"}, encode_text_value, _uuid_from_binary, _uuid_to_python
 )
 
 

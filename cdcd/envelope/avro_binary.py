@@ -56,10 +56,14 @@ def encode_decimal(unscaled: int) -> bytes:
 # Lookup tables for encode_long: the varint of every 14-bit group, as the last
 # group (minimal, 1 or 2 bytes) and as a non-final group (2 bytes, continuation bits
 # set). About 1 MB; they turn the per-7-bit Python loop into at most 5 lookups.
-_VARINT_LAST: list[bytes] = [
+VARINT_LAST: list[bytes] = [
     bytes([n]) if n < 0x80 else bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)
 ]
-_VARINT_MORE: list[bytes] = [bytes([(n & 0x7F) | 0x80, (n >> 7) | 0x80]) for n in range(1 << 14)]
+VARINT_MORE: list[bytes] = [bytes([(n & 0x7F) | 0x80, (n >> 7) | 0x80]) for n in range(1 << 14)]
+
+#: The union branch of ``["null", T]``'s T, then the string length ``n``, for
+#: ``n`` < 8192: what precedes a nullable string column's bytes.
+VALUE_BRANCH_LENGTH: list[bytes] = [VALUE_BRANCH + VARINT_LAST[n << 1] for n in range(8192)]
 
 
 def encode_long(value: int) -> bytes:
@@ -72,24 +76,24 @@ def encode_long(value: int) -> bytes:
     """
     n = (value << 1) ^ (value >> 63)
     if n < 0x4000:
-        return _VARINT_LAST[n]
+        return VARINT_LAST[n]
     if n < 0x10000000:
-        return _VARINT_MORE[n & 0x3FFF] + _VARINT_LAST[n >> 14]
+        return VARINT_MORE[n & 0x3FFF] + VARINT_LAST[n >> 14]
     if n < 0x40000000000:
-        return _VARINT_MORE[n & 0x3FFF] + _VARINT_MORE[(n >> 14) & 0x3FFF] + _VARINT_LAST[n >> 28]
+        return VARINT_MORE[n & 0x3FFF] + VARINT_MORE[(n >> 14) & 0x3FFF] + VARINT_LAST[n >> 28]
     if n < 0x100000000000000:
         return (
-            _VARINT_MORE[n & 0x3FFF]
-            + _VARINT_MORE[(n >> 14) & 0x3FFF]
-            + _VARINT_MORE[(n >> 28) & 0x3FFF]
-            + _VARINT_LAST[n >> 42]
+            VARINT_MORE[n & 0x3FFF]
+            + VARINT_MORE[(n >> 14) & 0x3FFF]
+            + VARINT_MORE[(n >> 28) & 0x3FFF]
+            + VARINT_LAST[n >> 42]
         )
     if not _LONG_MIN <= value <= _LONG_MAX:
         raise OverflowError(f"{value} does not fit an Avro long")
     return (
-        _VARINT_MORE[n & 0x3FFF]
-        + _VARINT_MORE[(n >> 14) & 0x3FFF]
-        + _VARINT_MORE[(n >> 28) & 0x3FFF]
-        + _VARINT_MORE[(n >> 42) & 0x3FFF]
-        + _VARINT_LAST[n >> 56]
+        VARINT_MORE[n & 0x3FFF]
+        + VARINT_MORE[(n >> 14) & 0x3FFF]
+        + VARINT_MORE[(n >> 28) & 0x3FFF]
+        + VARINT_MORE[(n >> 42) & 0x3FFF]
+        + VARINT_LAST[n >> 56]
     )

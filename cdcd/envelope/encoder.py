@@ -40,6 +40,7 @@ from cdcd.envelope.avro_binary import (
     NULL_BRANCH,
     TRUE,
     VALUE_BRANCH,
+    VARINT_LAST,
     encode_long,
     encode_string,
 )
@@ -136,13 +137,20 @@ class TableEncoder:
         self._branches = tuple(
             b"" if i in keys else VALUE_BRANCH for i in range(len(table.columns))
         )
-        self._encode_row = compile_row_encoder(self._names, self._text, self._binary, self._branches)
         self._encode_key = (
             compile_key_encoder(
                 self.key_header, self._key_indexes, self._names, self._text, self._binary
             )
             if self._key_indexes
             else None
+        )
+        self._encode_row = compile_row_encoder(
+            self._names,
+            self._text,
+            self._binary,
+            self._branches,
+            self.key_header,
+            self._key_indexes if self._encode_key is not None else (),
         )
         self._source_prefix = b"".join(
             encode_string(s)
@@ -153,22 +161,30 @@ class TableEncoder:
 
     def _row(
         self, data: TupleData, fill: TupleData | None, stamp: TxnStamp
-    ) -> tuple[bytes, list[str] | None]:
-        """The row record's bytes and the names of unchanged TOAST columns (or None)."""
+    ) -> tuple[bytes, list[str] | None, bytes | None]:
+        """The row record's bytes, the names of unchanged TOAST columns (or None), the key."""
         if len(data.kinds) != len(self._names):
-            raise EncodeError(
-                f"{self.table.qualified_name}: row has {len(data.kinds)} columns, relation has "
-                f"{len(self._names)} (LSN {stamp.lsn})",
-                hint="this is a bug; report it",
-            )
+            raise self._width_error(data, stamp)
         try:
             return self._encode_row(data, fill)
         except (ValueError, OverflowError, TypeError) as exc:
-            column = self._names[_failed_column(self, data, fill)]
-            raise EncodeError(
-                f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
-                hint="fix or remove the value, or exclude the table; cdcd stops rather than skip it",
-            ) from exc
+            raise self._value_error(exc, data, fill, stamp) from exc
+
+    def _width_error(self, data: TupleData, stamp: TxnStamp) -> EncodeError:
+        return EncodeError(
+            f"{self.table.qualified_name}: row has {len(data.kinds)} columns, relation has "
+            f"{len(self._names)} (LSN {stamp.lsn})",
+            hint="this is a bug; report it",
+        )
+
+    def _value_error(
+        self, exc: Exception, data: TupleData, fill: TupleData | None, stamp: TxnStamp
+    ) -> EncodeError:
+        column = self._names[_failed_column(self, data, fill)]
+        return EncodeError(
+            f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
+            hint="fix or remove the value, or exclude the table; cdcd stops rather than skip it",
+        )
 
     def key(self, data: TupleData, stamp: TxnStamp) -> bytes | None:
         """The Kafka key from a row image, or None for tables without a key."""
@@ -199,32 +215,58 @@ class TableEncoder:
         seq: int,
     ) -> bytes:
         """The value bytes of one change (wire header included)."""
+        return self.change(op, before, after, stamp, seq)[1]
+
+    def change(
+        self,
+        op: bytes,
+        before: TupleData | None,
+        after: TupleData | None,
+        stamp: TxnStamp,
+        seq: int,
+    ) -> tuple[bytes | None, bytes]:
+        """The Kafka key and value of one change (wire headers included).
+
+        The key is made from ``after``'s key columns, or ``before``'s when
+        there is no ``after`` (a delete); it equals :meth:`key` of that
+        image. None for a table without a key.
+        """
         toast: list[str] | None = None
+        key: bytes | None = None
         if before is None:
-            before_part = NULL_BRANCH
+            before_branch, before_row = NULL_BRANCH, b""
         else:
-            before_part = VALUE_BRANCH + self._row(before, None, stamp)[0]
+            before_branch = VALUE_BRANCH
+            before_row, _, key = self._row(before, None, stamp)
         if after is None:
-            after_part = NULL_BRANCH
+            after_branch, after_row = NULL_BRANCH, b""
         else:
-            row, toast = self._row(after, before, stamp)
-            after_part = VALUE_BRANCH + row
+            # self._row inlined: the one row of an insert, the common case.
+            after_branch = VALUE_BRANCH
+            if len(after.kinds) != len(self._names):
+                raise self._width_error(after, stamp)
+            try:
+                after_row, toast, key = self._encode_row(after, before)
+            except (ValueError, OverflowError, TypeError) as exc:
+                raise self._value_error(exc, after, before, stamp) from exc
         if toast:
             toast_part = (
                 encode_long(len(toast)) + b"".join(encode_string(name) for name in toast) + b"\x00"
             )
         else:
             toast_part = EMPTY_ARRAY
-        return b"".join(
+        return key, b"".join(
             (
                 self.value_header,
-                before_part,
-                after_part,
+                before_branch,
+                before_row,
+                after_branch,
+                after_row,
                 op,
                 stamp.ts_ms,
                 self._source_prefix,
                 stamp.txid_lsn,
-                encode_long(seq),
+                VARINT_LAST[seq << 1] if seq < 8192 else encode_long(seq),
                 stamp.tail,
                 toast_part,
             )

@@ -16,11 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from cdcd.envelope.avro_binary import NULL_BRANCH
+from cdcd.decode.values import bool_from_text, encode_text_value, int_from_text
+from cdcd.envelope.avro_binary import (
+    FALSE,
+    NULL_BRANCH,
+    TRUE,
+    VALUE_BRANCH_LENGTH,
+    VARINT_LAST,
+    VARINT_MORE,
+    encode_long,
+)
 from cdcd.protocol.messages import KIND_BINARY, KIND_TEXT, KIND_UNCHANGED_TOAST, TupleData
 
 Converter = Callable[[bytes], bytes]
-RowEncoder = Callable[[TupleData, TupleData | None], tuple[bytes, list[str] | None]]
+RowEncoder = Callable[
+    [TupleData, TupleData | None], tuple[bytes, list[str] | None, bytes | None]
+]
 KeyEncoder = Callable[[TupleData], bytes]
 
 
@@ -33,11 +44,16 @@ def compile_row_encoder(
     text: Sequence[Converter],
     binary: Sequence[Converter],
     branches: Sequence[bytes],
+    key_header: bytes = b"",
+    key_indexes: Sequence[int] = (),
 ) -> RowEncoder:
-    """``encode(data, fill) -> (record bytes, unchanged TOAST names or None)``.
+    """``encode(data, fill) -> (record bytes, unchanged TOAST names or None, key or None)``.
 
     ``branches[i]`` is ``b"\\x02"`` for a nullable column (union branch 1 of
-    ``["null", T]``) and ``b""`` for a key column (plain ``T``).
+    ``["null", T]``) and ``b""`` for a key column (plain ``T``). With
+    ``key_indexes``, the Kafka key (``key_header`` then the key columns) is
+    assembled from the very bytes of the row's key columns, so a change's key
+    costs one join instead of a second conversion; without, it is None.
     """
     count = len(names)
 
@@ -61,8 +77,18 @@ def compile_row_encoder(
         return NULL_BRANCH, b"", toast
 
     if count == 0:
-        return lambda data, fill: (b"", None)
-    namespace: dict[str, object] = {"rare": rare, "_null_key": _null_key, "_join": b"".join}
+        return lambda data, fill: (b"", None, None)
+    namespace: dict[str, object] = {
+        "rare": rare,
+        "_null_key": _null_key,
+        "_join": b"".join,
+        "_long": encode_long,
+        "VL": VARINT_LAST,
+        "VM": VARINT_MORE,
+        "BL": VALUE_BRANCH_LENGTH,
+        "TRUE": TRUE,
+        "FALSE": FALSE,
+    }
     kinds = ", ".join(f"k{i}" for i in range(count))
     values = ", ".join(f"v{i}" for i in range(count))
     lines = [
@@ -76,21 +102,56 @@ def compile_row_encoder(
         namespace[f"B{i}"] = branches[i]
         namespace[f"C{i}"] = names[i]
         null = f"b{i} = _null_key(C{i})" if not branches[i] else f"b{i} = N"
+        lines.append(f"    if k{i} == 116:")
+        lines += [f"        {line}" for line in _inline_text(i, text[i], bool(branches[i]))]
         lines += [
-            f"    if k{i} == 116:",
-            f"        b{i} = B{i}; p{i} = T{i}(v{i})",
             f"    elif k{i} == 110:",
             f"        {null}; p{i} = E",
             "    else:",
             f"        b{i}, p{i}, toast = rare({i}, k{i}, v{i}, fill, toast)",
         ]
     parts = ", ".join(f"b{i}, p{i}" for i in range(count))
-    lines.append(f"    return _join(({parts},)), toast")
+    if key_indexes:
+        # A key column's branch is b"" and a text key column's length prefix
+        # is in b{i}: (b{i}, p{i}) is exactly the column's plain Avro value.
+        namespace["KH"] = key_header
+        key = "_join((KH, " + ", ".join(f"b{i}, p{i}" for i in key_indexes) + "))"
+    else:
+        key = "None"
+    lines.append(f"    return _join(({parts},)), toast, {key}")
     namespace["N"] = NULL_BRANCH
     namespace["E"] = b""
     exec(compile("\n".join(lines), f"<row encoder {count}>", "exec"), namespace)
     encoder: RowEncoder = namespace["encode"]  # type: ignore[assignment]
     return encoder
+
+
+def _inline_text(i: int, convert: Converter, nullable: bool) -> list[str]:
+    """Statements setting ``b{i}`` (branch, plus length for strings) and ``p{i}`` from text.
+
+    The converters of the commonest column types are written inline (a call
+    less per column, several per row); they produce exactly the bytes the
+    converter would, and anything unusual still goes through it:
+
+    * strings (text, varchar, json, ...): the length, then the bytes as sent;
+    * integers: ``int()``, then the first two branches of ``encode_long``
+      (every value below 2**27), else ``encode_long`` itself;
+    * booleans: ``t``/``f``, else the converter (which raises).
+    """
+    if convert is encode_text_value:
+        length = "BL[n]" if nullable else "VL[n << 1]"
+        return [
+            f"n = len(v{i})",
+            f"b{i} = {length} if n < 8192 else B{i} + _long(n); p{i} = v{i}",
+        ]
+    if convert is int_from_text:
+        return [
+            f"x = int(v{i}); z = (x << 1) ^ (x >> 63); b{i} = B{i}",
+            f"p{i} = VL[z] if z < 16384 else VM[z & 16383] + VL[z >> 14] if z < 268435456 else _long(x)",
+        ]
+    if convert is bool_from_text:
+        return [f"b{i} = B{i}; p{i} = TRUE if v{i} == b't' else FALSE if v{i} == b'f' else T{i}(v{i})"]
+    return [f"b{i} = B{i}; p{i} = T{i}(v{i})"]
 
 
 def compile_key_encoder(

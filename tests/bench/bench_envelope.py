@@ -50,8 +50,7 @@ def main() -> None:
     def full(n: int) -> None:
         for i in range(n):
             new = decode(inserts[i % len(inserts)]).new  # type: ignore[union-attr]
-            encoder.key(new, stamp)
-            encoder.envelope(OP_CREATE, None, new, stamp, i)
+            encoder.change(OP_CREATE, None, new, stamp, i)
 
     rows = 100_000
     print(f"{'step':<34}{'µs/row (min of 5)':>20}{'rows/s':>12}")

@@ -1,0 +1,140 @@
+"""Python cost per row of the whole in-process path, without the network.
+
+The same objects the session wires (``PgOutputDecoder`` ->
+``TransactionAssembler`` -> ``Publisher`` -> ``AckTracker``), fed with
+transactions of 10 SPEC §9 ``orders`` Inserts captured from a real
+PostgreSQL 15 walsender (``tests/protocol/golden/orders.json``) between
+Begin/Commit messages with increasing LSNs. The producer is a stand-in that
+queues each message's delivery callback and reports every queued one as
+delivered on ``poll()``, once per 256 messages as the session does, so
+tickets complete and confirmation advances.
+
+What it leaves out is what is not Python: librdkafka's ``produce()`` and
+delivery reports, psycopg2's ``read_message``, and the broker. It is the
+figure that tells whether a change to the Python path helped: the
+end-to-end ``cdcd bench`` on a shared 2-core machine varies by ±15% from
+run to run, this (min of 7 runs) by about 2%.
+
+    .venv/bin/python -m tests.bench.bench_pipeline_cpu
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cdcd.ack.tracker import AckTracker
+from cdcd.decode.relations import RelationCache
+from cdcd.decode.transactions import TransactionAssembler
+from cdcd.decode.types import StaticCatalog
+from cdcd.envelope.encoder import EnvelopeEncoder
+from cdcd.pipeline.publisher import Publisher
+from cdcd.protocol import Lsn, PgOutputDecoder
+from cdcd.protocol.messages import Insert, Relation
+
+GOLDEN = Path(__file__).resolve().parents[1] / "protocol" / "golden" / "orders.json"
+ROWS_PER_TXN = 10
+POLL_EVERY = 256
+
+
+class _Wire:
+    def header(self, topic: str, role: str, schema: dict[str, object]) -> bytes:
+        return b"\xc3\x01" + b"\x00" * 8
+
+
+class _Producer:
+    """``KafkaSink.produce``/``poll``: every produced message is delivered on poll."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[Any, Any], None]] = []
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_delivery: Callable[[Any, Any], None],
+    ) -> None:
+        self.callbacks.append(on_delivery)
+
+    def poll(self, timeout: float = 0.0) -> int:
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback(None, None)
+        return len(callbacks)
+
+
+def _stream(transactions: int) -> tuple[list[bytes], list[bytes]]:
+    """(Relation payloads, the payloads of ``transactions`` transactions)."""
+    golden = [bytes.fromhex(m["hex"]) for m in json.loads(GOLDEN.read_text())["messages"]]
+    decoder = PgOutputDecoder(1)
+    relations: list[bytes] = []
+    inserts: list[bytes] = []
+    for payload in golden:
+        message = decoder.decode(payload)
+        if isinstance(message, Relation):
+            relations.append(payload)
+        elif isinstance(message, Insert):
+            inserts.append(payload)
+    payloads: list[bytes] = []
+    lsn = 0x1_0000_0000
+    for t in range(transactions):
+        commit_lsn = lsn + 2000
+        payloads.append(b"B" + struct.pack("!QqI", commit_lsn, 800_000_000_000_000 + t, 1000 + t))
+        for i in range(ROWS_PER_TXN):
+            payloads.append(inserts[(t * ROWS_PER_TXN + i) % len(inserts)])
+        payloads.append(
+            b"C" + struct.pack("!BQQq", 0, commit_lsn, commit_lsn + 48, 800_000_000_000_000 + t)
+        )
+        lsn = commit_lsn + 48
+    return relations, payloads
+
+
+def _run(relations: list[bytes], payloads: list[bytes]) -> tuple[float, Lsn]:
+    producer = _Producer()
+    tracker = AckTracker(Lsn(0))
+    cache = RelationCache(StaticCatalog(), key_lookup=lambda s, t: ("id",))
+    publisher = Publisher(
+        producer,  # type: ignore[arg-type]
+        tracker,
+        EnvelopeEncoder("pg", "app", _Wire()),
+        _Wire(),  # type: ignore[arg-type]
+        include=lambda s, t: True,
+        ensure_topic=lambda topic: None,
+    )
+    assembler = TransactionAssembler(cache, publisher, 1 << 30, None, 1)
+    decoder = PgOutputDecoder(1)
+    for payload in relations:
+        assembler.feed(decoder.decode(payload), payload)
+    decode = decoder.decode
+    feed = assembler.feed
+    started = time.perf_counter()
+    for first in range(0, len(payloads), POLL_EVERY):
+        for payload in payloads[first : first + POLL_EVERY]:
+            feed(decode(payload), payload)
+        producer.poll()
+    producer.poll()
+    return time.perf_counter() - started, tracker.confirmed
+
+
+def main() -> None:
+    transactions = 10_000
+    relations, payloads = _stream(transactions)
+    rows = transactions * ROWS_PER_TXN
+    best = float("inf")
+    confirmed = Lsn(0)
+    for _ in range(7):
+        elapsed, confirmed = _run(relations, payloads)
+        best = min(best, elapsed)
+    print(f"{rows:,} rows in transactions of {ROWS_PER_TXN}, confirmed to {confirmed}")
+    print(f"decode + assemble + envelope + produce call + delivery + ack: "
+          f"{best / rows * 1e6:.2f} µs/row ({rows / best:,.0f} rows/s, min of 7)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

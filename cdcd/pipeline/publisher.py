@@ -74,6 +74,9 @@ _SEQ_HEADERS = [("cdcd.seq", str(n).encode("ascii")) for n in range(_SEQ_CACHED)
 #: Prefix of the low/high watermark messages of incremental snapshots.
 WATERMARK_PREFIX = "cdcd.watermark"
 Headers = list[tuple[str, bytes]]
+#: Envelope ops counted per table, in the order of the count lists.
+_OPS = ("c", "u", "d", "t")
+_C, _U, _D, _T = range(4)
 #: Told ``(xid, key)`` for each change of a watched table; key None: a truncate.
 KeyRecorder = Callable[[int, bytes | None], None]
 
@@ -122,12 +125,20 @@ class Publisher:
         self._seq = 0
         self._holds: dict[str, Hold] = {}
         self._included: dict[tuple[int, int], TableEncoder | None] = {}
-        # The table of the previous row and its encoder: consecutive rows
-        # are mostly of one table, and an identity check is cheaper than a key.
+        # The table of the previous row, its encoder and its counts:
+        # consecutive rows are mostly of one table, and an identity check is
+        # cheaper than a key.
         self._last_table: TableVersion | None = None
         self._last_encoder: TableEncoder | None = None
+        self._last_counts: list[int] = [0, 0, 0, 0]
         self._table_metrics: dict[str, TableMetrics] = {}
-        self._counts: dict[tuple[str, str, str], int] = {}
+        # Changes published per table, by op (_OPS), since the start; metrics
+        # receive the growth on flush_metrics(), not per row or transaction.
+        self._counts: dict[tuple[str, str], list[int]] = {}
+        self._reported: dict[tuple[str, str], list[int]] = {}
+        self._dirty: set[tuple[str, str]] = set()
+        self._unreported_transactions = 0
+        self._txn_base: dict[tuple[str, str], int] = {}
         self._topics_ready: set[str] = set()
         self._watermarks: Callable[[LogicalMessage], None] | None = None
         self._watch_relid: int | None = None
@@ -142,7 +153,7 @@ class Publisher:
         key = (table.relation_id, table.version)
         if key in self._included:
             encoder = self._included[key]
-            self._last_table, self._last_encoder = table, encoder
+            self._remember(table, encoder)
             return encoder
         encoder = None
         if self._include(table.schema, table.table):
@@ -153,8 +164,21 @@ class Publisher:
                 self._table_metrics[table.qualified_name] = self._metrics.table(table.qualified_name)
                 self._metrics.delivery_errors_for(topic)
         self._included[key] = encoder
-        self._last_table, self._last_encoder = table, encoder
+        self._remember(table, encoder)
         return encoder
+
+    def _remember(self, table: TableVersion, encoder: TableEncoder | None) -> None:
+        self._last_table, self._last_encoder = table, encoder
+        self._last_counts = self._counts_of(table)
+
+    def _counts_of(self, table: TableVersion) -> list[int]:
+        key = (table.schema, table.table)
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = [0, 0, 0, 0]
+            self._reported[key] = [0, 0, 0, 0]
+        self._dirty.add(key)
+        return counts
 
     def _topic(self, topic: str) -> None:
         if topic not in self._topics_ready:
@@ -182,10 +206,31 @@ class Publisher:
                 hint=exc.hint,
             ) from exc
 
-    def _count(self, table: TableVersion, op: str) -> None:
-        # Keyed by the schema and table name strings: no formatting per row.
-        key = (table.schema, table.table, op)
-        self._counts[key] = self._counts.get(key, 0) + 1
+    def flush_metrics(self) -> None:
+        """Add the changes and transactions published since the last call to the metrics.
+
+        The session calls it between batches: a Prometheus counter
+        increment takes a lock, too dear for every row.
+        """
+        metrics = self._metrics
+        if metrics is None:
+            return
+        if self._unreported_transactions:
+            metrics.transactions.inc(self._unreported_transactions)
+            self._unreported_transactions = 0
+        dirty, self._dirty = self._dirty, set()
+        if self._last_table is not None:  # counted without marking dirty
+            dirty.add((self._last_table.schema, self._last_table.table))
+        for key in dirty:
+            counts, reported = self._counts[key], self._reported[key]
+            if counts == reported:
+                continue
+            tm = self._table_metrics.get(f"{key[0]}.{key[1]}")
+            for i, op in enumerate(_OPS):
+                if counts[i] != reported[i]:
+                    if tm is not None:
+                        tm.events[op].inc(counts[i] - reported[i])
+                    reported[i] = counts[i]
 
     # -- ChangeSink -----------------------------------------------------------------
 
@@ -195,19 +240,23 @@ class Publisher:
         self._stamp = make_stamp(xid, commit_lsn, commit_ms)
         self._seq = 0
         if self._transaction_records:
+            # The END record counts this transaction's changes: growth from here.
+            self._txn_base = {key: sum(counts) for key, counts in self._counts.items()}
             self._transaction_record("BEGIN", None)
 
     def row(self, table: TableVersion, message: Insert | Update | Delete) -> None:
         encoder = self._last_encoder if table is self._last_table else self._table(table)
         if encoder is None:
             return
+        counts = self._last_counts  # table is now self._last_table
         stamp = self._stamp
         assert stamp is not None
         topic = encoder.topic
         kind = type(message)
         if kind is Insert:
-            self._send(topic, *encoder.change(OP_CREATE, None, message.new, stamp, self._seq))  # type: ignore[union-attr]
-            self._count(table, "c")
+            key, value = encoder.change(OP_CREATE, None, message.new, stamp, self._seq)  # type: ignore[union-attr]
+            self._send(topic, key, value)
+            counts[_C] += 1
         elif kind is Update:
             old, new = message.old, message.new  # type: ignore[union-attr]
             if old is not None and encoder.key_schema is not None and encoder.key_changed(old, new):
@@ -216,12 +265,14 @@ class Publisher:
                 old_key, value = encoder.change(OP_DELETE, old, None, stamp, self._seq)
                 self._send(topic, old_key, value)
                 self._send(topic, old_key, None)
-                self._send(topic, *encoder.change(OP_CREATE, None, new, stamp, self._seq))
-                self._count(table, "d")
-                self._count(table, "c")
+                key, value = encoder.change(OP_CREATE, None, new, stamp, self._seq)
+                self._send(topic, key, value)
+                counts[_D] += 1
+                counts[_C] += 1
             else:
-                self._send(topic, *encoder.change(OP_UPDATE, old, new, stamp, self._seq))
-                self._count(table, "u")
+                key, value = encoder.change(OP_UPDATE, old, new, stamp, self._seq)
+                self._send(topic, key, value)
+                counts[_U] += 1
         else:
             old = message.old  # type: ignore[union-attr]
             assert old is not None
@@ -229,7 +280,7 @@ class Publisher:
             self._send(topic, key, value)
             if key is not None:
                 self._send(topic, key, None)
-            self._count(table, "d")
+            counts[_D] += 1
 
     def truncate(self, tables: tuple[TableVersion, ...], message: Truncate) -> None:
         stamp = self._stamp
@@ -241,7 +292,7 @@ class Publisher:
             if encoder is None:
                 continue
             self._send(encoder.topic, None, encoder.envelope(OP_TRUNCATE, None, None, stamp, self._seq))
-            self._count(table, "t")
+            self._counts_of(table)[_T] += 1
 
     def logical_message(self, message: LogicalMessage) -> None:
         if message.prefix == HEARTBEAT_PREFIX:
@@ -302,22 +353,16 @@ class Publisher:
             raise DefiniteError("commit outside a transaction", hint="this is a bug; report it")
         if self._transaction_records:
             per_table: dict[str, int] = {}
-            for (schema, table, _op), count in self._counts.items():
-                name = f"{schema}.{table}"
-                per_table[name] = per_table.get(name, 0) + count
+            for (schema, table), counts in self._counts.items():
+                count = sum(counts) - self._txn_base.get((schema, table), 0)
+                if count:
+                    per_table[f"{schema}.{table}"] = count
             self._transaction_record("END", per_table)
         ticket.seal(end_lsn)
         self._ticket = None
         self._stamp = None
         self.transactions += 1
-        if self._metrics is not None:
-            self._metrics.transactions.inc()
-            for (schema, table, op), count in self._counts.items():
-                name = f"{schema}.{table}"
-                tm = self._table_metrics.get(name)
-                if tm is not None:
-                    tm.events[op].inc(count)
-        self._counts.clear()
+        self._unreported_transactions += 1
 
     def standalone_message(self, message: LogicalMessage) -> None:
         """A non-transactional message: its own one-message ticket, sealed at its LSN."""

@@ -106,6 +106,7 @@ class Session:
         self._decoder = PgOutputDecoder(config.postgres.protocol_version)
         self._signal: tuple[str, str] | None = None
         self._snapshots: IncrementalSnapshots | None = None
+        self._publisher: Publisher | None = None
         self._last_status = 0.0
         self._sent_confirmed: Lsn | None = None
         self._age_confirmed: Lsn | None = None
@@ -278,6 +279,7 @@ class Session:
             metrics=self.metrics,
             transaction_records=cfg.kafka.transaction_records,
         )
+        self._publisher = publisher
         self._assembler = TransactionAssembler(
             relations, publisher, pg.stream_spill_bytes, pg.spill_dir, pg.protocol_version
         )
@@ -377,6 +379,8 @@ class Session:
         heartbeat_s = self.config.heartbeat.interval_s
         next_heartbeat = time.monotonic() + heartbeat_s if heartbeat_s > 0 else float("inf")
         next_lag = time.monotonic()
+        publisher = self._publisher
+        assert publisher is not None
         read_batch = stream.read_batch
         decode = decoder.decode
         feed = assembler.feed
@@ -399,6 +403,7 @@ class Session:
             if snapshots is not None:
                 snapshots.tick()
             if metrics is not None:
+                publisher.flush_metrics()
                 if received:
                     metrics.mark_received(last_lsn, received)
                     received = 0
@@ -492,6 +497,8 @@ class Session:
             sink.poll(0.1)
             self._status_if_due()
         if self.metrics is not None:
+            if self._publisher is not None:
+                self._publisher.flush_metrics()
             self.metrics.in_flight.set(tracker.in_flight)
             self.metrics.producer_queue.set(len(sink))
         if tracker.failure is not None:

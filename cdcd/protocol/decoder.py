@@ -85,6 +85,9 @@ _NEW_UPDATE = fast_constructor(Update)
 _NEW_DELETE = fast_constructor(Delete)
 _NEW_BEGIN = fast_constructor(Begin)
 _NEW_COMMIT = fast_constructor(Commit)
+# Lsn from a uint64 the struct already bounded: int's constructor, without
+# Lsn.__new__'s range check (a Python call) for the LSNs of every transaction.
+_INT_NEW = int.__new__
 
 
 def _need(buf: bytes, pos: int, size: int, what: str) -> None:
@@ -257,12 +260,13 @@ class PgOutputDecoder:
     def _begin(self, buf: bytes) -> tuple[Message, int]:
         _need(buf, 1, _BEGIN.size, "Begin")
         final_lsn, ts, xid = _BEGIN.unpack_from(buf, 1)
-        return _NEW_BEGIN(Lsn(final_lsn), ts, xid), 1 + _BEGIN.size
+        return _NEW_BEGIN(_INT_NEW(Lsn, final_lsn), ts, xid), 1 + _BEGIN.size
 
     def _commit(self, buf: bytes) -> tuple[Message, int]:
         _need(buf, 1, _COMMIT.size, "Commit")
         flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf, 1)
-        return _NEW_COMMIT(flags, Lsn(commit_lsn), Lsn(end_lsn), ts), 1 + _COMMIT.size
+        commit, end = _INT_NEW(Lsn, commit_lsn), _INT_NEW(Lsn, end_lsn)
+        return _NEW_COMMIT(flags, commit, end, ts), 1 + _COMMIT.size
 
     def _origin(self, buf: bytes) -> tuple[Message, int]:
         _need(buf, 1, _ORIGIN.size, "Origin")

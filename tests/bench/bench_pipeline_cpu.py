@@ -6,8 +6,8 @@ transactions of 10 SPEC §9 ``orders`` Inserts captured from a real
 PostgreSQL 15 walsender (``tests/protocol/golden/orders.json``) between
 Begin/Commit messages with increasing LSNs. The producer is a stand-in that
 queues each message's delivery callback and reports every queued one as
-delivered on ``poll()``, once per 256 messages as the session does, so
-tickets complete and confirmation advances.
+delivered on ``poll()``, once per 256 messages as the session does (with
+the per-table metrics), so tickets complete and confirmation advances.
 
 What it leaves out is what is not Python: librdkafka's ``produce()`` and
 delivery reports, psycopg2's ``read_message``, and the broker. It is the
@@ -32,6 +32,7 @@ from cdcd.decode.relations import RelationCache
 from cdcd.decode.transactions import TransactionAssembler
 from cdcd.decode.types import StaticCatalog
 from cdcd.envelope.encoder import EnvelopeEncoder
+from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.publisher import Publisher
 from cdcd.protocol import Lsn, PgOutputDecoder
 from cdcd.protocol.messages import Insert, Relation
@@ -106,6 +107,7 @@ def _run(relations: list[bytes], payloads: list[bytes]) -> tuple[float, Lsn]:
         _Wire(),  # type: ignore[arg-type]
         include=lambda s, t: True,
         ensure_topic=lambda topic: None,
+        metrics=Metrics(process_collectors=False),
     )
     assembler = TransactionAssembler(cache, publisher, 1 << 30, None, 1)
     decoder = PgOutputDecoder(1)
@@ -118,6 +120,7 @@ def _run(relations: list[bytes], payloads: list[bytes]) -> tuple[float, Lsn]:
         for payload in payloads[first : first + POLL_EVERY]:
             feed(decode(payload), payload)
         producer.poll()
+        publisher.flush_metrics()
     producer.poll()
     return time.perf_counter() - started, tracker.confirmed
 

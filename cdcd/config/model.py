@@ -117,6 +117,12 @@ class MetricsConfig(_Model):
     )
     log_format: Literal["text", "json"] = Field("text", description="text or json log lines")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    lag_sample_interval_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="how often cdcd_slot_lag_bytes is measured (one query on the source)",
+    )
 
 
 class HeartbeatConfig(_Model):

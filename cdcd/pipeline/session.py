@@ -61,7 +61,6 @@ log = logging.getLogger("cdcd.pipeline")
 
 _POLL_EVERY = 256  # messages between delivery-report polls
 _DRAIN_TIMEOUT_S = 30.0
-_LAG_SAMPLE_S = 5.0
 _PROGRESS_STATUS_MIN_S = 0.2
 _IN_FLIGHT_WAIT_S = 0.001
 _IDLE_WAIT_S = 0.5
@@ -377,6 +376,7 @@ class Session:
         stop = self.stop
         metrics = self.metrics
         heartbeat_s = self.config.heartbeat.interval_s
+        lag_sample_s = self.config.metrics.lag_sample_interval_s
         next_heartbeat = time.monotonic() + heartbeat_s if heartbeat_s > 0 else float("inf")
         next_lag = time.monotonic()
         publisher = self._publisher
@@ -416,7 +416,7 @@ class Session:
                 next_heartbeat = now + heartbeat_s
             if now >= next_lag:  # also while catching up, when the socket is never idle
                 self._sample_lag()
-                next_lag = now + _LAG_SAMPLE_S
+                next_lag = now + lag_sample_s
             if drained and assembler.idle and tracker.pending_transactions == 0:
                 tracker.advance_idle(stream.wal_end)
             self._status_if_due()

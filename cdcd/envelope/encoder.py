@@ -82,17 +82,29 @@ class TxnStamp(NamedTuple):
     tail: bytes  # source.ts_ms + source.snapshot
 
 
+# The last millisecond values encoded: consecutive transactions mostly share
+# their processing and commit milliseconds.
+_last_now: tuple[int, bytes] = (-1, b"")
+_last_commit: tuple[int, bytes] = (-1, b"")
+
+
 def make_stamp(xid: int, lsn: Lsn, commit_ts_ms: int, snapshot: bool = False) -> TxnStamp:
+    global _last_now, _last_commit
+    now_ms = time.time_ns() // 1_000_000
+    if now_ms != _last_now[0]:
+        _last_now = (now_ms, encode_long(now_ms))
+    if commit_ts_ms != _last_commit[0]:
+        _last_commit = (commit_ts_ms, encode_long(commit_ts_ms))
     value = int(lsn)
     return TxnStamp(
         xid,
         lsn,
         commit_ts_ms,
         snapshot,
-        f"{value >> 32:X}/{value & 0xFFFFFFFF:08X}".encode("ascii"),
-        encode_long(time.time_ns() // 1_000_000),
+        b"%X/%08X" % (value >> 32, value & 0xFFFFFFFF),  # str(Lsn), as bytes
+        _last_now[1],
         encode_long(xid) + encode_long(value),
-        encode_long(commit_ts_ms) + (TRUE if snapshot else FALSE),
+        _last_commit[1] + (TRUE if snapshot else FALSE),
     )
 
 

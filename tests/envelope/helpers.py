@@ -94,15 +94,21 @@ class Harness:
                 if isinstance(message, Insert):
                     key = encoder.key(message.new, stamp)
                     value = encoder.envelope(OP_CREATE, None, message.new, stamp, seq)
+                    change = encoder.change(OP_CREATE, None, message.new, stamp, seq)
                 elif isinstance(message, Update):
                     key = encoder.key(message.new, stamp)
                     value = encoder.envelope(OP_UPDATE, message.old, message.new, stamp, seq)
+                    change = encoder.change(OP_UPDATE, message.old, message.new, stamp, seq)
                     self.last_key_changed = message.old is not None and encoder.key_changed(
                         message.old, message.new
                     )
                 else:
                     key = encoder.key(message.old, stamp)
                     value = encoder.envelope(OP_DELETE, message.old, None, stamp, seq)
+                    change = encoder.change(OP_DELETE, message.old, None, stamp, seq)
+                # What the publisher sends: the key joined from the row's own
+                # key columns must equal the key encoder's.
+                assert change == (key, value), (change, key, value)
                 seq += 1
                 decoded = self.read(value) or {}
                 out.append(

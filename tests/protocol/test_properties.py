@@ -11,7 +11,7 @@ int32, Int16 column counts, arbitrary unicode names).
 from __future__ import annotations
 
 import struct
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 from datetime import timedelta
 
 import pytest
@@ -192,6 +192,12 @@ def test_single_message_round_trip(message: Message) -> None:
     assert decoded == message
     assert type(decoded) is type(message)
     assert encode(decoded) == payload
+    # Row and transaction messages are built through slot descriptors
+    # (messages.fast_constructor): they must stay frozen and hashable.
+    for field in list(type(decoded).__dataclass_fields__)[:1]:
+        with pytest.raises(FrozenInstanceError):
+            setattr(decoded, field, getattr(decoded, field))
+    assert hash(decoded) == hash(message)
 
 
 @given(message_sequences(), st.sampled_from([2, 3, 4]))

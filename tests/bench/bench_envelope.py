@@ -9,17 +9,13 @@ Uses the Insert payloads captured from a real PostgreSQL 15 walsender
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from cdcd.decode.relations import RelationCache
 from cdcd.decode.types import StaticCatalog
 from cdcd.envelope.encoder import OP_CREATE, EnvelopeEncoder, make_stamp
 from cdcd.protocol import Lsn, PgOutputDecoder
-from cdcd.protocol.messages import Insert, Relation
-
-GOLDEN = Path(__file__).resolve().parents[1] / "protocol" / "golden" / "orders.json"
+from tests.bench.orders_golden import orders_payloads
 
 
 class _Wire:
@@ -28,16 +24,11 @@ class _Wire:
 
 
 def main() -> None:
-    messages = [bytes.fromhex(m["hex"]) for m in json.loads(GOLDEN.read_text())["messages"]]
+    relation_payloads, inserts = orders_payloads()
     decoder = PgOutputDecoder(1)
     relations = RelationCache(StaticCatalog(), key_lookup=lambda s, t: ("id",))
-    inserts = []
-    for payload in messages:
-        message = decoder.decode(payload)
-        if isinstance(message, Relation):
-            relations.on_relation(message)
-        elif isinstance(message, Insert):
-            inserts.append(payload)
+    for payload in relation_payloads:
+        relations.on_relation(decoder.decode(payload))  # type: ignore[arg-type]
     relation_id = decoder.decode(inserts[0]).relation_id  # type: ignore[union-attr]
     encoder = EnvelopeEncoder("pg", "app", _Wire()).for_table(relations.get(relation_id))
     stamp = make_stamp(1234, Lsn(0x1_0000_0000), 1_795_000_000_000)

@@ -20,11 +20,9 @@ run to run, this (min of 7 runs) by about 2%.
 
 from __future__ import annotations
 
-import json
 import struct
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from cdcd.ack.tracker import AckTracker
@@ -35,9 +33,8 @@ from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.publisher import Publisher
 from cdcd.protocol import Lsn, PgOutputDecoder
-from cdcd.protocol.messages import Insert, Relation
+from tests.bench.orders_golden import orders_payloads
 
-GOLDEN = Path(__file__).resolve().parents[1] / "protocol" / "golden" / "orders.json"
 ROWS_PER_TXN = 10
 POLL_EVERY = 256
 
@@ -72,16 +69,7 @@ class _Producer:
 
 def _stream(transactions: int) -> tuple[list[bytes], list[bytes]]:
     """(Relation payloads, the payloads of ``transactions`` transactions)."""
-    golden = [bytes.fromhex(m["hex"]) for m in json.loads(GOLDEN.read_text())["messages"]]
-    decoder = PgOutputDecoder(1)
-    relations: list[bytes] = []
-    inserts: list[bytes] = []
-    for payload in golden:
-        message = decoder.decode(payload)
-        if isinstance(message, Relation):
-            relations.append(payload)
-        elif isinstance(message, Insert):
-            inserts.append(payload)
+    relations, inserts = orders_payloads()
     payloads: list[bytes] = []
     lsn = 0x1_0000_0000
     for t in range(transactions):

@@ -492,29 +492,26 @@ class Publisher:
     ) -> int:
         ticket, stamp = self._ticket, self._stamp
         assert ticket is not None and stamp is not None
-        key_of = encoder.key
-        keyed = [(key_of(row, stamp), row) for row in rows]
         if skip:
             start = len(encoder.key_header)
-            keyed = [(k, r) for k, r in keyed if k is None or k[start:] not in skip]
+            key_of = encoder.key
+            rows = [r for r in rows if (k := key_of(r, stamp)) is None or k[start:] not in skip]
         # Counted up front (one call per chunk): should produce() fail half-way,
         # the ticket stays incomplete, which is what the tracker needs.
-        ticket.add(len(keyed))
+        ticket.add(len(rows))
         on_delivery = ticket.on_delivery
         produce = self._producer.produce
         topic = encoder.topic
-        envelope = encoder.envelope
-        lsn_header = stamp.lsn_header
+        change = encoder.change
+        lsn_header = ("cdcd.lsn", stamp.lsn_header)
         seq = self._seq
         try:
-            for key, row in keyed:
-                produce(
-                    topic,
-                    key,
-                    envelope(OP_READ, None, row, stamp, seq),
-                    [("cdcd.lsn", lsn_header), ("cdcd.seq", b"%d" % seq)],
-                    on_delivery,
+            for row in rows:
+                key, value = change(OP_READ, None, row, stamp, seq)
+                seq_header = (
+                    _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else ("cdcd.seq", b"%d" % seq)
                 )
+                produce(topic, key, value, [lsn_header, seq_header], on_delivery)
                 seq += 1
         except DefiniteError as exc:
             raise DefiniteError(
@@ -523,4 +520,4 @@ class Publisher:
             ) from exc
         finally:
             self._seq = seq
-        return len(keyed)
+        return len(rows)

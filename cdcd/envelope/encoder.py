@@ -176,27 +176,19 @@ class TableEncoder:
     ) -> tuple[bytes, list[str] | None, bytes | None]:
         """The row record's bytes, the names of unchanged TOAST columns (or None), the key."""
         if len(data.kinds) != len(self._names):
-            raise self._width_error(data, stamp)
+            raise EncodeError(
+                f"{self.table.qualified_name}: row has {len(data.kinds)} columns, relation has "
+                f"{len(self._names)} (LSN {stamp.lsn})",
+                hint="this is a bug; report it",
+            )
         try:
             return self._encode_row(data, fill)
         except (ValueError, OverflowError, TypeError) as exc:
-            raise self._value_error(exc, data, fill, stamp) from exc
-
-    def _width_error(self, data: TupleData, stamp: TxnStamp) -> EncodeError:
-        return EncodeError(
-            f"{self.table.qualified_name}: row has {len(data.kinds)} columns, relation has "
-            f"{len(self._names)} (LSN {stamp.lsn})",
-            hint="this is a bug; report it",
-        )
-
-    def _value_error(
-        self, exc: Exception, data: TupleData, fill: TupleData | None, stamp: TxnStamp
-    ) -> EncodeError:
-        column = self._names[_failed_column(self, data, fill)]
-        return EncodeError(
-            f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
-            hint="fix or remove the value, or exclude the table; cdcd stops rather than skip it",
-        )
+            column = self._names[_failed_column(self, data, fill)]
+            raise EncodeError(
+                f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
+                hint="fix or remove the value, or exclude the table; cdcd stops rather than skip it",
+            ) from exc
 
     def key(self, data: TupleData, stamp: TxnStamp) -> bytes | None:
         """The Kafka key from a row image, or None for tables without a key."""
@@ -253,14 +245,8 @@ class TableEncoder:
         if after is None:
             after_branch, after_row = NULL_BRANCH, b""
         else:
-            # self._row inlined: the one row of an insert, the common case.
             after_branch = VALUE_BRANCH
-            if len(after.kinds) != len(self._names):
-                raise self._width_error(after, stamp)
-            try:
-                after_row, toast, key = self._encode_row(after, before)
-            except (ValueError, OverflowError, TypeError) as exc:
-                raise self._value_error(exc, after, before, stamp) from exc
+            after_row, toast, key = self._row(after, before, stamp)
         if toast:
             toast_part = (
                 encode_long(len(toast)) + b"".join(encode_string(name) for name in toast) + b"\x00"

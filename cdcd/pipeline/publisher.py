@@ -68,9 +68,16 @@ from cdcd.protocol.messages import (
 )
 
 HEARTBEAT_PREFIX = "cdcd.heartbeat"
-#: ``cdcd.seq`` header values of the first message ordinals, built once.
+
+
+def _seq_header(seq: int) -> tuple[str, bytes]:
+    """The ``cdcd.seq`` header of the change with ordinal ``seq``."""
+    return ("cdcd.seq", b"%d" % seq)
+
+
+#: ``cdcd.seq`` headers of the first message ordinals, built once.
 _SEQ_CACHED = 4096
-_SEQ_HEADERS = [("cdcd.seq", str(n).encode("ascii")) for n in range(_SEQ_CACHED)]
+_SEQ_HEADERS = [_seq_header(n) for n in range(_SEQ_CACHED)]
 #: Prefix of the low/high watermark messages of incremental snapshots.
 WATERMARK_PREFIX = "cdcd.watermark"
 Headers = list[tuple[str, bytes]]
@@ -193,7 +200,7 @@ class Publisher:
         seq = self._seq
         headers = [
             ("cdcd.lsn", stamp.lsn_header),
-            _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else ("cdcd.seq", str(seq).encode("ascii")),
+            _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else _seq_header(seq),
         ]
         self._seq = seq + 1
         ticket.add()
@@ -508,9 +515,7 @@ class Publisher:
         try:
             for row in rows:
                 key, value = change(OP_READ, None, row, stamp, seq)
-                seq_header = (
-                    _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else ("cdcd.seq", b"%d" % seq)
-                )
+                seq_header = _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else _seq_header(seq)
                 produce(topic, key, value, [lsn_header, seq_header], on_delivery)
                 seq += 1
         except DefiniteError as exc:

@@ -82,7 +82,6 @@ class ReplicationStream:
         self.binary = binary
         self._conn = connect(dsn, replication=True, timeout_s=timeout_s)
         self._cursor: Any = self._conn.cursor()
-        self.messages_received = 0
 
     def options(self) -> dict[str, str]:
         options = {
@@ -132,7 +131,6 @@ class ReplicationStream:
                 append(message)
         except psycopg2.Error as exc:
             raise classify_stream_error(exc, self.slot) from exc
-        self.messages_received += len(batch)
         return batch
 
     @property

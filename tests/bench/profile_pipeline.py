@@ -39,8 +39,7 @@ SESSION_FRAME = "Session._loop ("
 def _frame_name(frame: str) -> str:
     """``fn (path:line)`` -> ``fn (path)``: aggregate per function, not per line."""
     head, _, rest = frame.partition(" (")
-    path = rest.rsplit(":", 1)[0] if ":" in rest else rest.rstrip(")")
-    return f"{head} ({path.rstrip(')')})"
+    return f"{head} ({rest.rstrip(')').rsplit(':', 1)[0]})"
 
 
 def summarize(raw: Path, rows: int, rate: int, top: int) -> str:

@@ -100,12 +100,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"FAIL config: {exc}")
-        return 1
+        return ConfigError.exit_code
     print(f"ok   config: {args.config}")
-    failed = 0
-    for ok, line in run_checks(config):
-        print(f"{'ok  ' if ok else 'FAIL'} {line}", flush=True)
-        failed += not ok
+    failed = config_failed = 0
+    for result in run_checks(config):
+        print(f"{'ok  ' if result.ok else 'FAIL'} {result.line}", flush=True)
+        failed += not result.ok
+        config_failed += not result.ok and result.config
+    # A configuration mistake exits 2, as `run` would on it; other failures 1.
+    if config_failed:
+        return ConfigError.exit_code
     return 1 if failed else 0
 
 

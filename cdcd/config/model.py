@@ -29,14 +29,27 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TableConfig(_Model):
+    """One ``postgres.tables`` entry written as a mapping instead of a plain name."""
+
+    name: str = Field(description="schema.table")
+    replica_identity: Literal["full"] | None = Field(
+        None,
+        description="full: cdcd sets REPLICA IDENTITY FULL on a table that has no primary key "
+        "or identity index (an explicit opt-in; otherwise such a table is refused)",
+    )
+
+
 class PostgresConfig(_Model):
     dsn: str = Field(description="libpq connection string of the primary (keyword or URI form)")
     slot: str = Field("cdcd", pattern=r"^[a-z0-9_]{1,63}$", description="logical replication slot")
     create_slot: bool = Field(True, description="create the slot if it does not exist")
     publication: str = Field("cdcd", min_length=1, max_length=63, description="publication name")
     create_publication: bool = Field(True, description="create the publication if missing")
-    tables: list[str] | None = Field(
-        None, description="schema.table names to capture; omitted: every table of the publication"
+    tables: list[str | TableConfig] | None = Field(
+        None,
+        description="schema.table names (or {name: ..., replica_identity: full} entries) to "
+        "capture; omitted: every table of the publication",
     )
     status_interval_s: float = Field(
         10.0, gt=0, description="standby status interval; must be below wal_sender_timeout/2"
@@ -53,15 +66,32 @@ class PostgresConfig(_Model):
 
     @field_validator("tables")
     @classmethod
-    def _check_tables(cls, tables: list[str] | None) -> list[str] | None:
+    def _check_tables(
+        cls, tables: list[str | TableConfig] | None
+    ) -> list[str | TableConfig] | None:
         if tables is None:
             return None
-        for table in tables:
-            if not _TABLE.match(table):
-                raise ValueError(f"{table!r} is not schema.table")
-        if len(set(tables)) != len(tables):
+        names = [entry if isinstance(entry, str) else entry.name for entry in tables]
+        for name in names:
+            if not _TABLE.match(name):
+                raise ValueError(f"{name!r} is not schema.table")
+        if len(set(names)) != len(names):
             raise ValueError("tables are listed twice")
         return tables
+
+    @property
+    def table_names(self) -> list[str] | None:
+        """The configured ``schema.table`` names in order; None: every table of the publication."""
+        if self.tables is None:
+            return None
+        return [entry if isinstance(entry, str) else entry.name for entry in self.tables]
+
+    def table_config(self, name: str) -> TableConfig:
+        """The per-table settings of ``name`` (defaults for a plain string entry)."""
+        for entry in self.tables or ():
+            if isinstance(entry, TableConfig) and entry.name == name:
+                return entry
+        return TableConfig(name=name)
 
 
 class KafkaConfig(_Model):

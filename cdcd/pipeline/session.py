@@ -96,7 +96,7 @@ class Session:
         self.state = state or SessionState()
         self._on_streaming = on_streaming
         pg = config.postgres
-        self._tables = {split_table(t) for t in pg.tables} if pg.tables else None
+        self._tables = {split_table(t) for t in pg.table_names} if pg.table_names else None
         self._stream: ReplicationStream | None = None
         self._sink: KafkaSink | None = None
         self._db: SourceDatabase | None = None
@@ -119,7 +119,7 @@ class Session:
 
     def _captured_tables(self, db: SourceDatabase) -> list[tuple[str, str]]:
         pg = self.config.postgres
-        tables = [split_table(t) for t in pg.tables] if pg.tables else db.publication_tables(pg.publication)
+        tables = [split_table(t) for t in pg.table_names] if pg.table_names else db.publication_tables(pg.publication)
         return [(s, t) for s, t in tables if self._include(s, t)]
 
     def _topic_spec(self, name: str, compacted: bool = False) -> TopicSpec:
@@ -188,7 +188,7 @@ class Session:
                 pg.status_interval_s,
                 timeout / 2,
             )
-        db.ensure_publication(pg.publication, pg.tables, pg.create_publication)
+        db.ensure_publication(pg.publication, pg.table_names, pg.create_publication)
         snap = cfg.snapshot
         two_phase = pg.protocol_version >= 3
         create = pg.create_slot and db.slot_info(pg.slot) is None

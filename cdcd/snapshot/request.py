@@ -27,7 +27,7 @@ def request_snapshot(config: CdcdConfig, tables: list[str]) -> tuple[str, Signal
         except DefiniteError as exc:
             raise ConfigError(f"--table {name!r} is not schema.table") from exc
         names.append(f"{schema}.{table}")
-    captured = {split_table(t) for t in pg.tables} if pg.tables else None
+    captured = {split_table(t) for t in pg.table_names} if pg.table_names else None
     with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
         signals = SignalTable(db, config.snapshot.signal_table)
         published = set(db.publication_tables(pg.publication)) if db.publication_exists(pg.publication) else None

@@ -121,9 +121,9 @@ def _subscription(config: CdcdConfig) -> dict[str, str]:
     from cdcd.spark.reader import kafka_options, table_topic_pattern
 
     extra = {"maxOffsetsPerTrigger": str(MAX_OFFSETS_PER_TRIGGER)}
-    if config.postgres.tables:
+    if config.postgres.table_names:
         topics = []
-        for name in config.postgres.tables:
+        for name in config.postgres.table_names:
             schema, table = (part.strip('"') for part in name.split(".", 1))
             topics.append(table_topic(config.kafka.topic_prefix, schema, table))
         return kafka_options(config, topics=topics, extra=extra)

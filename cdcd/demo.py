@@ -671,6 +671,8 @@ class ChangeFeed:
         self._arrivals = itertools.count()
         self.received = 0
         self.tombstones = 0
+        #: Envelopes decoded so far, by (schema.table, op).
+        self.counts: Counter[tuple[str, str]] = Counter()
 
     @property
     def topics(self) -> list[str]:
@@ -733,6 +735,7 @@ class ChangeFeed:
             seq=seq,
         )
         self.received += 1
+        self.counts[change.table, change.op] += 1
         heapq.heappush(self._heap, (lsn, seq, next(self._arrivals), time.monotonic(), change))
 
     def ready(self, hold_s: float = REORDER_HOLD_S) -> list[DecodedChange]:
@@ -752,6 +755,41 @@ class ChangeFeed:
 
 
 # ---------------------------------------------------------------------------- demo
+
+
+def _covers(have: Counter[tuple[str, str]], want: Counter[tuple[str, str]]) -> bool:
+    """Whether ``have`` holds at least ``want`` of every (table, op)."""
+    return all(have[key] >= count for key, count in want.items())
+
+
+def _by_op(counts: Counter[tuple[str, str]]) -> str:
+    """``c 3, d 1, u 2``: totals per op, zeros left out."""
+    by_op: Counter[str] = Counter()
+    for (_, op), count in counts.items():
+        by_op[op] += count
+    return ", ".join(f"{op} {n}" for op, n in sorted(by_op.items()) if n)
+
+
+def count_mismatches(
+    written: Mapping[tuple[str, str], int],
+    published: Mapping[tuple[str, str], int],
+    decoded: Mapping[tuple[str, str], int],
+) -> list[str]:
+    """What disagrees, one line per (table, op); empty when all is well.
+
+    Per (table, op), cdcd must publish at least what the writer committed
+    (more when someone else writes too, e.g. from psql), and the consumer
+    must decode exactly what cdcd published. Totals alone would let a
+    missing insert hide behind a surplus update.
+    """
+    problems = []
+    for table, op in sorted({*written, *published, *decoded}):
+        w = written.get((table, op), 0)
+        p = published.get((table, op), 0)
+        d = decoded.get((table, op), 0)
+        if p < w or d != p:
+            problems.append(f"{table} {op}: written {w}, published {p}, decoded {d}")
+    return problems
 
 
 def demo_config(dsn: str, bootstrap: str) -> CdcdConfig:
@@ -1025,13 +1063,20 @@ class Demo:
             ) from workload.error
         return 0 if self._catch_up() else 1
 
+    def _published(self) -> Counter[tuple[str, str]]:
+        """Envelopes the daemon produced so far (``cdcd_events_total``), by (table, op)."""
+        found: Counter[tuple[str, str]] = Counter()
+        for family in self.metrics.events.collect():
+            for sample in family.samples:
+                if sample.name == "cdcd_events_total" and sample.value:
+                    found[sample.labels["table"], sample.labels["op"]] += int(sample.value)
+        return found
+
     def _events(self) -> tuple[int, Counter[str]]:
         """Total envelopes the daemon produced so far, and the totals per op."""
         by_op: Counter[str] = Counter()
-        for family in self.metrics.events.collect():
-            for sample in family.samples:
-                if sample.name == "cdcd_events_total":
-                    by_op[sample.labels["op"]] += int(sample.value)
+        for (_, op), count in self._published().items():
+            by_op[op] += count
         return sum(by_op.values()), by_op
 
     def _sample(self, name: str) -> float:
@@ -1111,49 +1156,63 @@ class Demo:
     def _catch_up(self) -> bool:
         """After the writer stopped: wait until every change is published and shown.
 
-        Returns ``False`` when something written never arrived (the demo then
-        exits 1: that would be a lost change). A second Ctrl-C skips the wait.
+        Everything the writer committed lies before the server's WAL position
+        taken now. Once the daemon confirmed that position, Kafka acknowledged
+        every change and the daemon counted it: its figures are final, so the
+        wait is only for the consumer, never for counts that cannot come.
+        Then, per table and op, everything written must be published (more is
+        fine: your own psql changes) and the consumer must have decoded
+        exactly what was published. Returns ``False`` on a mismatch (the demo
+        then exits 1: a lost or miscounted change). A second Ctrl-C skips the
+        wait.
         """
-        assert self.workload is not None and self.feed is not None
+        assert self.workload is not None and self.feed is not None and self.pg is not None
+        feed = self.feed
         written = self.workload.counts()
+        rows = self.pg.execute("SELECT pg_current_wal_lsn()::text", dbname=DATABASE)
+        target = Lsn.parse(rows[0][0])
+        confirmed = False
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         while not self.hurry.is_set() and time.monotonic() < deadline:
             self._raise_daemon_error()
-            published, _ = self._events()
-            if published >= written.total and self.shown >= published:
+            # Read before the counts: a confirmed position implies its counts.
+            confirmed = confirmed or self._sample("cdcd_confirmed_lsn_bytes") >= target
+            published = self._published()
+            if _covers(published, written.changes) and feed.counts == published:
                 break
-            self.feed.poll(0.1)
-            self._print_ready(hold_s=0.0 if published <= self.feed.received else REORDER_HOLD_S)
+            if confirmed and _covers(feed.counts, published):
+                break  # final figures, all of them consumed: compare now
+            feed.poll(0.1)
+            # No need to hold back for reordering once all published arrived.
+            self._print_ready(hold_s=0.0 if _covers(feed.counts, published) else REORDER_HOLD_S)
         if self.hurry.is_set():
             self.out.line(
                 self.out.paint("  not waiting for catch-up (press Ctrl-C again to abort)", "33")
             )
         self._print_ready(hold_s=0.0)
-        published, by_op = self._events()
+        published = self._published()
         out = self.out
         out.line()
         out.line(
-            f"  {'writer':<10} committed {written.total} changes in {written.transactions} transactions"
+            f"  {'writer':<10} committed {written.total} changes in {written.transactions} "
+            f"transactions ({_by_op(written.changes)})"
         )
         out.line(
-            f"  {'cdcd':<10} turned {published} changes into envelopes "
-            f"({', '.join(f'{op} {n}' for op, n in sorted(by_op.items()) if n)})"
+            f"  {'cdcd':<10} turned {published.total()} changes into envelopes "
+            f"({_by_op(published)})"
         )
         out.line(
-            f"  {'consumer':<10} decoded {self.shown} envelopes and {self.feed.tombstones} "
-            "tombstones from Kafka"
+            f"  {'consumer':<10} decoded {self.shown} envelopes and {feed.tombstones} "
+            f"tombstones from Kafka ({_by_op(feed.counts)})"
         )
         if self.hurry.is_set():
             return True
-        if published < written.total or self.shown < published:
-            out.line(
-                out.paint(
-                    f"  not everything arrived within {CATCH_UP_TIMEOUT_S:.0f} s: "
-                    f"written {written.total}, published {published}, shown {self.shown}",
-                    "1",
-                    "31",
-                )
-            )
+        problems = count_mismatches(written.changes, published, feed.counts)
+        if problems:
+            waited = "" if confirmed else f" within {CATCH_UP_TIMEOUT_S:.0f} s"
+            out.line(out.paint(f"  the counts disagree{waited}:", "1", "31"))
+            for problem in problems:
+                out.line(out.paint(f"    {problem}", "31"))
             return False
         return True
 

@@ -157,12 +157,27 @@ def _assert_changes_shown(output: str) -> list[Change]:
     return changes
 
 
+def _by_op(text: str) -> dict[str, int]:
+    """``c 83, d 62, u 78`` as a dict."""
+    return {op: int(n) for op, n in (item.split() for item in text.split(", ") if item)}
+
+
 def _assert_summary(output: str, changes: list[Change]) -> None:
-    written = re.search(r"writer\s+committed (\d+) changes in (\d+) transactions", output)
-    published = re.search(r"cdcd\s+turned (\d+) changes into envelopes", output)
-    decoded = re.search(r"consumer\s+decoded (\d+) envelopes and (\d+) tombstones", output)
+    written = re.search(
+        r"writer\s+committed (\d+) changes in (\d+) transactions \(([^)]*)\)", output
+    )
+    published = re.search(r"cdcd\s+turned (\d+) changes into envelopes \(([^)]*)\)", output)
+    decoded = re.search(
+        r"consumer\s+decoded (\d+) envelopes and (\d+) tombstones from Kafka \(([^)]*)\)", output
+    )
     assert written and published and decoded, output
     assert int(written[1]) == int(published[1]) == int(decoded[1]) == len(changes)
+    # The same per op: the writer's rowcounts, cdcd_events_total, the consumer.
+    shown: dict[str, int] = {}
+    for c in changes:
+        shown[c.op] = shown.get(c.op, 0) + 1
+    assert _by_op(written[3]) == _by_op(published[2]) == _by_op(decoded[3]) == shown, output
+    assert "disagree" not in output, output
     deletes = sum(1 for c in changes if c.op == "d")
     assert int(decoded[2]) == deletes, "one tombstone per delete of a keyed table"
     assert re.search(
@@ -253,3 +268,21 @@ def test_demo_stops_cleanly_on_ctrl_c() -> None:
     changes = _changes(output)
     _assert_summary(output, changes)
     _assert_nothing_left(output)
+
+
+def test_count_mismatches_compares_per_table_and_op() -> None:
+    from cdcd.demo import count_mismatches
+
+    written = {("public.orders", "c"): 58, ("public.orders", "u"): 10}
+    # Equal totals, but five inserts missing behind five extra updates.
+    published = {("public.orders", "c"): 53, ("public.orders", "u"): 15}
+    assert count_mismatches(written, published, published) == [
+        "public.orders c: written 58, published 53, decoded 53"
+    ]
+    # The consumer must decode exactly what was published.
+    assert count_mismatches(written, written, {("public.orders", "c"): 58}) == [
+        "public.orders u: written 10, published 10, decoded 0"
+    ]
+    # More published than written is someone else's change (psql): fine.
+    more = {**written, ("public.customers", "d"): 1}
+    assert count_mismatches(written, more, more) == []

@@ -134,7 +134,7 @@ class Publisher:
         self._included: dict[tuple[int, int], TableEncoder | None] = {}
         # The table of the previous row, its encoder and its counts:
         # consecutive rows are mostly of one table, and an identity check is
-        # cheaper than a key.
+        # cheaper than a key. Its key is always in _dirty (see flush_metrics).
         self._last_table: TableVersion | None = None
         self._last_encoder: TableEncoder | None = None
         self._last_counts: list[int] = [0, 0, 0, 0]
@@ -226,8 +226,15 @@ class Publisher:
             metrics.transactions.inc(self._unreported_transactions)
             self._unreported_transactions = 0
         dirty, self._dirty = self._dirty, set()
-        if self._last_table is not None:  # counted without marking dirty
-            dirty.add((self._last_table.schema, self._last_table.table))
+        last = self._last_table
+        if last is not None:
+            # row() counts the current table without marking it (the hot path
+            # pays nothing), and _remember() marks only the table switched to:
+            # the current one stays dirty, so what it counts from now on is
+            # reported even after a later switch away from it.
+            key = (last.schema, last.table)
+            dirty.add(key)
+            self._dirty.add(key)
         for key in dirty:
             counts, reported = self._counts[key], self._reported[key]
             if counts == reported:

@@ -94,6 +94,31 @@ class DaemonProcess:
             self.proc.send_signal(signal.SIGKILL)
         self.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP the daemon and wait until every thread of it is stopped.
+
+        Its sockets stay open, so PostgreSQL and the broker see a live but
+        silent client: nothing more is produced or confirmed until
+        :meth:`thaw` (or :meth:`kill9`, which also works on a frozen process).
+        """
+        self.proc.send_signal(signal.SIGSTOP)
+        wait_for(self._stopped, timeout_s=10, interval_s=0.01, what=f"pid {self.pid} to stop")
+
+    def thaw(self) -> None:
+        """SIGCONT: undo :meth:`freeze`."""
+        self.proc.send_signal(signal.SIGCONT)
+
+    def _stopped(self) -> bool:
+        """Every thread in state T (stopped); delivery of SIGSTOP is asynchronous."""
+        states = []
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                stat = (task / "stat").read_text(encoding="ascii", errors="replace")
+            except FileNotFoundError:  # a thread that just exited
+                continue
+            states.append(stat.rsplit(")", 1)[1].split()[0])
+        return bool(states) and all(state in ("T", "t") for state in states)
+
     def terminate(self, timeout_s: float = 60.0) -> int:
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)

@@ -1,8 +1,9 @@
 """Command line (SPEC §2): ``cdcd run | check | schemas | demo | bench | mirror | snapshot``.
 
 Errors are one line on stderr naming the field, table or server and what to
-do; ``--debug`` adds the traceback. Exit codes: 0 ok, 1 runtime failure,
-2 usage or configuration error.
+do; ``--debug`` adds the traceback. Exit codes (``CdcdError.exit_code``): 0 ok,
+1 runtime failure a restart may cure, 2 usage or configuration error, 3 definite
+runtime error that needs an operator (``DefiniteError``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     _setup_logging(config, args.debug)
+    # One line, secrets masked: what this process runs with, for the record.
+    log.info("configuration %s", json.dumps(config.redacted(), sort_keys=True))
     daemon = Daemon(config)
     daemon.install_signal_handlers()
     return daemon.run()
@@ -160,6 +163,13 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
     return commands.get(name, _not_yet(name))
 
 
+def _flush_kafka_reports() -> None:
+    """Counts of repeated Kafka client errors, logged before the final error line."""
+    reporter = sys.modules.get("cdcd.sink.reporter")  # imported only if Kafka was used
+    if reporter is not None:
+        reporter.flush_kafka_reports()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
@@ -167,7 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(args_list)
         if args.command not in ("run",):
             _setup_logging(None, debug)
-        return _command(args.command)(args)
+        try:
+            return _command(args.command)(args)
+        finally:
+            _flush_kafka_reports()
     except CdcdError as exc:
         if debug:
             traceback.print_exc()

@@ -44,6 +44,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit 
 
 from cdcd.config.model import KafkaConfig
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
+from cdcd.sink.reporter import KAFKA_REPORTER, KafkaLogReporter
 
 __all__ = [
     "TopicSpec",
@@ -180,16 +181,28 @@ def admin_config(
 
 
 class _Admin:
-    """An AdminClient plus what error messages need: where it points, what went wrong."""
+    """An AdminClient plus what error messages need: where it points, what went wrong.
 
-    def __init__(self, target: AdminClient | str, producer_props: Mapping[str, Any] | None) -> None:
+    An admin client cdcd creates logs through ``reporter`` (once per distinct
+    error, with repeat counts). It delivers its log and error callbacks only
+    when polled: :meth:`metadata_error` and :meth:`answered` poll it.
+    """
+
+    def __init__(
+        self,
+        target: AdminClient | str,
+        producer_props: Mapping[str, Any] | None,
+        reporter: KafkaLogReporter | None = None,
+    ) -> None:
         self.errors: deque[KafkaError] = deque(maxlen=16)  # from error_cb, own clients only
         self.owned = isinstance(target, str)
+        self.reporter = reporter if reporter is not None else KAFKA_REPORTER
         if isinstance(target, str):
+            self.bootstrap_servers = target
             self.where = f"Kafka at {target}"
             config = admin_config(target, producer_props)
-            config["error_cb"] = self.errors.append
-            config["logger"] = logging.getLogger("cdcd.kafka")
+            config["error_cb"] = self._on_error
+            config["logger"] = self.reporter
             try:
                 self.client = AdminClient(config)
             except KafkaException as exc:
@@ -201,15 +214,26 @@ class _Admin:
                     hint="fix the connection/security properties (ssl.*, sasl.*) in kafka.producer",
                 ) from exc
         else:
+            self.bootstrap_servers = ""
             self.where = "Kafka"
             self.client = target
+
+    def _on_error(self, err: KafkaError) -> None:
+        self.errors.append(err)
+        self.reporter.kafka_error(err, fatal_what="Kafka admin client")
+
+    def answered(self) -> None:
+        """A request succeeded: report what the client logged, then that Kafka is reachable."""
+        if self.owned:
+            self.client.poll(0)
+            self.reporter.reachable(self.bootstrap_servers)
 
     def metadata_error(self, exc: KafkaException, timeout_s: float) -> CdcdError:
         """A failed metadata request: authentication problems are definite, the rest transient."""
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if self.owned:
-            # error_cb runs only when the client is polled; the authentication
-            # failure behind a metadata timeout is reported there.
+            # error_cb and the logger run only when the client is polled; the
+            # authentication failure behind a metadata timeout is reported there.
             self.client.poll(0)
         for seen in [*self.errors, *([err] if err is not None else [])]:
             if seen.code() in _AUTH_CODES:
@@ -233,18 +257,24 @@ _AUTH_CODES = frozenset(
 
 
 def check_broker(
-    bootstrap_servers: str, producer_props: Mapping[str, Any] | None, timeout_s: float
+    bootstrap_servers: str,
+    producer_props: Mapping[str, Any] | None,
+    timeout_s: float,
+    *,
+    reporter: KafkaLogReporter | None = None,
 ) -> str:
     """One metadata round trip; a short description of the cluster, for ``cdcd check``.
 
     Raises :class:`TransientError` naming the bootstrap servers when no broker
-    answers, :class:`DefiniteError` when authentication fails.
+    answers, :class:`DefiniteError` when authentication fails. librdkafka's
+    messages go to ``reporter`` (default: the process's).
     """
-    admin = _Admin(bootstrap_servers, producer_props)
+    admin = _Admin(bootstrap_servers, producer_props, reporter)
     try:
         metadata = admin.client.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise admin.metadata_error(exc, timeout_s) from exc
+    admin.answered()
     ids = sorted(metadata.brokers)
     plural = "" if len(ids) == 1 else "s"
     return (
@@ -259,6 +289,7 @@ def ensure_topics(
     timeout_s: float,
     *,
     producer_props: Mapping[str, Any] | None = None,
+    reporter: KafkaLogReporter | None = None,
 ) -> list[str]:
     """Create the missing topics of ``specs`` and check the existing ones; returns those created.
 
@@ -267,9 +298,10 @@ def ensure_topics(
     ``TOPIC_ALREADY_EXISTS``. Raises :class:`TransientError` when the broker
     cannot be reached, :class:`DefiniteError` (with a hint) when a topic
     cannot be created as specified: no permission, invalid configuration or
-    name, replication factor above the number of brokers.
+    name, replication factor above the number of brokers. librdkafka's
+    messages go to ``reporter`` (default: the process's).
     """
-    admin = _Admin(admin_or_bootstrap, producer_props)
+    admin = _Admin(admin_or_bootstrap, producer_props, reporter)
     wanted = {spec.name: spec for spec in specs}
     if not wanted:
         return []
@@ -277,6 +309,7 @@ def ensure_topics(
         metadata = admin.client.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise admin.metadata_error(exc, timeout_s) from exc
+    admin.answered()
     brokers = len(metadata.brokers)
 
     existing = [spec for name, spec in wanted.items() if name in metadata.topics]

@@ -5,9 +5,11 @@ fails with a ``TransientError`` (PostgreSQL restarting, connection lost,
 broker unavailable, a delivery that timed out) is replaced by a new one after
 a capped exponential backoff; it resumes at the slot's confirmed position, so
 nothing is lost and at most the unconfirmed tail is delivered twice. A
-``DefiniteError`` ends the daemon with exit code 1 and one line that says what
-to change. On a stop signal the session drains in-flight messages, confirms
-what was delivered and the daemon exits 0.
+``DefiniteError`` ends the daemon with exit code 3 and one line that says what
+to change (2 for a ``ConfigError``, e.g. a metrics address that cannot be
+bound); transient failures that last the whole startup retry window end it
+with exit code 1, since a restart may cure them. On a stop signal the session
+drains in-flight messages, confirms what was delivered and the daemon exits 0.
 
 Under systemd (``Type=notify``) the daemon reports READY once streaming,
 pings the watchdog from the main loop (so a wedged loop gets restarted) and
@@ -23,7 +25,7 @@ import time
 from types import FrameType
 
 from cdcd.config.model import CdcdConfig
-from cdcd.errors import DefiniteError, TransientError
+from cdcd.errors import ConfigError, DefiniteError, StartupRetriesExhausted, TransientError
 from cdcd.observability import systemd
 from cdcd.observability.http import Health, MetricsServer
 from cdcd.observability.http import start as start_http
@@ -37,8 +39,8 @@ BACKOFF_MAX_S = 30.0
 #: A session that streamed this long resets the backoff.
 BACKOFF_RESET_AFTER_S = 60.0
 #: Before the first session ever streamed, transient failures are retried for
-#: this long, then the daemon exits 1: an unreachable server at startup is
-#: most often a wrong address, and systemd/Kubernetes restart policies take over.
+#: this long, then the daemon exits 1 (not 3: a server that is down may come
+#: back, so systemd/Kubernetes restart policies take over).
 STARTUP_RETRY_S = 30.0
 
 
@@ -84,12 +86,19 @@ class Daemon:
 
     def run(self) -> int:
         """Run sessions until stopped; returns the exit code."""
+        listen = self.config.metrics.listen
         try:
-            self.server = start_http(self.config.metrics.listen, self.metrics, self.health)
-        except OSError as exc:
-            raise DefiniteError(
-                f"cannot listen on metrics.listen {self.config.metrics.listen}: {exc.strerror}",
-                hint="choose a free metrics.listen address",
+            self.server = start_http(listen, self.metrics, self.health)
+        except ConfigError:
+            raise
+        except DefiniteError as exc:
+            # start_http could not bind: the configured address is the mistake
+            # (in use, not local, not permitted), so exit 2, not 3.
+            cause = exc.__cause__
+            reason = (cause.strerror or str(cause)) if isinstance(cause, OSError) else str(exc)
+            raise ConfigError(
+                f"metrics.listen {listen}: cannot listen: {reason}",
+                hint="choose a free local address for metrics.listen",
             ) from exc
         backoff = BACKOFF_INITIAL_S
         daemon_started = time.monotonic()
@@ -107,9 +116,11 @@ class Daemon:
                     if not self.state.ever_streamed and (
                         time.monotonic() - daemon_started + backoff > STARTUP_RETRY_S
                     ):
-                        raise DefiniteError(
-                            f"{exc} (still failing after {STARTUP_RETRY_S:.0f} s of retries at startup)",
-                            hint="check postgres.dsn and kafka.bootstrap_servers",
+                        remedy = getattr(exc, "hint", None)  # e.g. SlotInUseError knows what to do
+                        raise StartupRetriesExhausted(
+                            f"{getattr(exc, 'message', exc)} "
+                            f"(still failing after {STARTUP_RETRY_S:.0f} s of retries at startup)",
+                            hint=remedy or "check postgres.dsn and kafka.bootstrap_servers",
                         ) from exc
                     if time.monotonic() - started > BACKOFF_RESET_AFTER_S:
                         backoff = BACKOFF_INITIAL_S

@@ -3,8 +3,11 @@
 Every failure is either *transient* (the daemon retries with capped backoff and
 resumes from the last confirmed LSN: connection loss, broker unavailable,
 PostgreSQL restarting) or *definite* (retrying cannot help: the daemon stops
-with exit code 1 and one line telling the operator what to change).
-Configuration problems are definite and map to exit code 2.
+with exit code 3 and one line telling the operator what to change: slot lost,
+a value that cannot be encoded, credentials refused). Configuration problems
+are definite and map to exit code 2. Exit code 1 is a runtime failure that a
+restart may cure (``StartupRetriesExhausted``). SPEC §2: a supervisor should
+not restart on 2 or 3.
 """
 
 from __future__ import annotations
@@ -20,8 +23,26 @@ class TransientError(CdcdError):
     """Retrying later may succeed; progress resumes from the last confirmed LSN."""
 
 
+class StartupRetriesExhausted(CdcdError):
+    """Transient failures lasted the whole startup retry window (exit code 1).
+
+    Not definite: an unreachable server may come back, so a supervisor's
+    restart may cure it.
+    """
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base}; {self.hint}" if self.hint else base
+
+
 class DefiniteError(CdcdError):
-    """Retrying cannot help. ``hint`` names what the operator must change."""
+    """Retrying cannot help (exit code 3). ``hint`` names what the operator must change."""
+
+    exit_code = 3
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)

@@ -2,27 +2,39 @@
 
 ``${VAR}`` and ``${VAR:-default}`` in string values are replaced from the
 environment after parsing (never inside comments), so secrets stay out of the
-file. Validation errors
-are turned into one ``ConfigError`` line naming the field (exit code 2).
-Secrets (the DSN password, SASL passwords, registry credentials) are masked by
-``redacted()`` wherever configuration is printed or logged.
+file. In ``postgres.dsn`` the value is quoted the libpq way (single-quoted
+keyword values, percent-encoded URI parts: ``cdcd.config.dsn``), so a password
+with spaces or quotes reads back exactly. Validation errors are turned into one
+``ConfigError`` line naming the field, an unknown key first with the nearest
+known key (exit code 2). Secrets (the DSN password, SASL/SSL passwords and
+keys, registry credentials) are masked by ``redacted()`` wherever
+configuration is printed or logged.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# redact_dsn is re-exported: check and the source connection import it from here.
+from cdcd.config.dsn import redact_dsn as redact_dsn
+from cdcd.config.dsn import substitute_dsn
 from cdcd.errors import ConfigError
 
 _TABLE = re.compile(r'^("?[^".]+"?)\.("?[^".]+"?)$')
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_SECRET_KEYS = ("password", "secret", "token", "key.password", "sasl.oauthbearer.config")
+#: librdkafka producer properties that hold secrets (passwords, client
+#: secrets, OAuth config, an inline private key).
+_SECRET_KEYS = ("password", "secret", "token", "sasl.oauthbearer.config", "ssl.key.pem", "ssl_key")
+#: SchemaRegistryClient settings that hold secrets ("user:password" in basic.auth.user.info).
+_REGISTRY_SECRET_KEYS = ("password", "secret", "token", "user.info", "ssl.key.pem")
 
 
 class _Model(BaseModel):
@@ -41,7 +53,11 @@ class TableConfig(_Model):
 
 
 class PostgresConfig(_Model):
-    dsn: str = Field(description="libpq connection string of the primary (keyword or URI form)")
+    dsn: str = Field(
+        description="libpq connection string of the primary (keyword or URI form); a ${VAR} in "
+        "a value is quoted (keyword form) or percent-encoded (URI) so any password reads back "
+        "exactly, e.g. password=${PGPASSWORD}"
+    )
     slot: str = Field("cdcd", pattern=r"^[a-z0-9_]{1,63}$", description="logical replication slot")
     create_slot: bool = Field(True, description="create the slot if it does not exist")
     publication: str = Field("cdcd", min_length=1, max_length=63, description="publication name")
@@ -143,7 +159,9 @@ class SnapshotConfig(_Model):
 
 class MetricsConfig(_Model):
     listen: str = Field(
-        "0.0.0.0:9187", pattern=r"^.+:\d{1,5}$", description="host:port for /metrics, /healthz, /readyz"
+        "0.0.0.0:9187",
+        description="host:port for /metrics, /healthz, /readyz; port 0..65535 (0: a free port), "
+        "IPv6 bracketed ([::]:9187)",
     )
     log_format: Literal["text", "json"] = Field("text", description="text or json log lines")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
@@ -153,6 +171,21 @@ class MetricsConfig(_Model):
         le=300,
         description="how often cdcd_slot_lag_bytes is measured (one query on the source)",
     )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, listen: str) -> str:
+        # The same rules as cdcd.observability.http.parse_listen, checked here so
+        # `check` and `run` reject the file before anything starts. Port 0 (a
+        # free port chosen by the kernel) stays allowed.
+        host, sep, port = listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"{listen!r} is not host:port (e.g. 0.0.0.0:9187)")
+        if ":" in host and not (host.startswith("[") and host.endswith("]")):
+            raise ValueError(f"{listen!r}: IPv6 addresses must be bracketed, e.g. [::]:9187")
+        if int(port) > 65535:
+            raise ValueError(f"port {int(port)} is out of range 0..65535")
+        return listen
 
 
 class HeartbeatConfig(_Model):
@@ -173,63 +206,111 @@ class CdcdConfig(_Model):
         """The configuration as a dict with every secret masked."""
         data = self.model_dump()
         data["postgres"]["dsn"] = redact_dsn(self.postgres.dsn)
-        for key in data["kafka"]["producer"]:
-            if any(word in key for word in _SECRET_KEYS):
-                data["kafka"]["producer"][key] = "***"
-        for key in data["schema_registry"]["config"]:
-            if any(word in key for word in ("password", "secret", "token", "user.info")):
-                data["schema_registry"]["config"][key] = "***"
-        if data["schema_registry"]["url"]:
-            data["schema_registry"]["url"] = re.sub(
-                r"//[^/@]*@", "//***@", data["schema_registry"]["url"]
-            )
+        producer = data["kafka"]["producer"]
+        for key in producer:
+            if any(word in key.lower() for word in _SECRET_KEYS):
+                producer[key] = "***"
+        registry = data["schema_registry"]
+        for key in registry["config"]:
+            if any(word in key.lower() for word in _REGISTRY_SECRET_KEYS):
+                registry["config"][key] = "***"
+        if registry["url"]:
+            # https://user:password@host: everything up to the last "@" after a
+            # scheme is credentials (a raw "/" or "@" in a password stays masked).
+            registry["url"] = re.sub(r"(//)[^,]*@", r"\1***@", registry["url"])
         return data
 
 
-def redact_dsn(dsn: str) -> str:
-    """Mask the password in a keyword or URI libpq connection string."""
-    dsn = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
-    return re.sub(r"(postgres(?:ql)?://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+def _env_value(match: re.Match[str]) -> str:
+    name, default = match.group(1), match.group(2)
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise ConfigError(
+                f"environment variable {name} is not set",
+                hint=f"export {name} or write ${{{name}:-default}} in the file",
+            )
+        return default
+    return value
 
 
 def expand_env(text: str) -> str:
     """Replace ``${VAR}`` / ``${VAR:-default}``; a missing variable without default is an error."""
-
-    def replace(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        value = os.environ.get(name)
-        if value is None:
-            if default is None:
-                raise ConfigError(
-                    f"environment variable {name} is not set",
-                    hint=f"export {name} or write ${{{name}:-default}} in the file",
-                )
-            return default
-        return value
-
-    return _ENV.sub(replace, text)
+    return _ENV.sub(_env_value, text)
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
+def expand_dsn(template: str) -> str:
+    """``expand_env`` for a libpq DSN: each value is quoted (keyword form) or percent-encoded (URI).
+
+    ``password=${PGPASSWORD}`` with ``PGPASSWORD='it's a secret'`` gives
+    ``password='it\\'s a secret'``, which libpq reads back exactly.
+    """
+    return substitute_dsn(template, _ENV, _env_value)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (``X``, ``X | None``, ``list[str | X]``...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def _locate(loc: tuple[int | str, ...]) -> tuple[str, type[BaseModel] | None]:
+    """The dotted path of ``loc`` and the model that owns its last key.
+
+    pydantic puts the member's class name into the location of a union
+    (``postgres.tables.0.TableConfig.nme``); it is dropped from the path.
+    """
+    candidates: list[type[BaseModel]] = [CdcdConfig]
+    parts: list[str] = []
+    for part in loc[:-1]:
+        named = [c for c in candidates if c.__name__ == part]
+        if named:
+            candidates = named
+            continue
+        parts.append(str(part))
+        if isinstance(part, int):
+            continue  # a list index: the same candidate models
+        owner = next((c for c in candidates if part in c.model_fields), None)
+        candidates = _models_in(owner.model_fields[str(part)].annotation) if owner else []
+    if loc:
+        parts.append(str(loc[-1]))
+    return ".".join(parts) or "(top level)", candidates[0] if len(candidates) == 1 else None
+
+
+def _suggestion(key: str, model: type[BaseModel] | None) -> str:
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _describe(error: Any, source: str) -> str:
+    loc = tuple(error["loc"])
+    field, model = _locate(loc)
+    if error["type"] == "extra_forbidden":
+        return f"{source}: unknown key '{field}'{_suggestion(str(loc[-1]), model)}"
+    if error["type"] == "missing":
+        return f"{source}: '{field}' is required"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{source}: '{field}': {message}"
 
 
 def parse_config(data: Any, source: str = "configuration") -> CdcdConfig:
-    """Validate already-loaded YAML data."""
+    """Validate already-loaded YAML data; the first error is reported, an unknown key first.
+
+    A typo'd key (``bootstrap_server``) also makes the real one missing; the
+    unknown key with the nearest known name is what the operator must fix.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
     try:
         return CdcdConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = _field_path(first["loc"])
-        if first["type"] == "extra_forbidden":
-            message = f"{source}: unknown key '{field}'"
-        elif first["type"] == "missing":
-            message = f"{source}: '{field}' is required"
-        else:
-            message = f"{source}: '{field}': {first['msg']}"
-        more = len(exc.errors()) - 1
+        errors = exc.errors()
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+        message = _describe(first, source)
+        more = len(errors) - 1
         if more:
             message += f" (and {more} more error{'s' if more > 1 else ''})"
         raise ConfigError(message) from exc
@@ -251,11 +332,15 @@ def load_config(path: str | Path) -> CdcdConfig:
     return parse_config(_expand_values(data), str(path))
 
 
-def _expand_values(data: Any) -> Any:
+#: Where ``${VAR}`` is quoted for libpq instead of inserted as it is.
+_DSN_PATH = ("postgres", "dsn")
+
+
+def _expand_values(data: Any, path: tuple[Any, ...] = ()) -> Any:
     if isinstance(data, str):
-        return expand_env(data)
+        return expand_dsn(data) if path == _DSN_PATH else expand_env(data)
     if isinstance(data, dict):
-        return {key: _expand_values(value) for key, value in data.items()}
+        return {key: _expand_values(value, (*path, key)) for key, value in data.items()}
     if isinstance(data, list):
-        return [_expand_values(value) for value in data]
+        return [_expand_values(value, (*path, index)) for index, value in enumerate(data)]
     return data

@@ -49,7 +49,11 @@ def mask_secrets(text: str) -> str:
     """Replace ``password=…``-style values and ``scheme://user:pass@`` credentials with ``***``."""
     if not text:
         return text
-    text = _SECRET_VALUE.sub(lambda m: m.group(1) + _MASK, text)
+    # An already masked value keeps its quotes, so the redacted configuration
+    # logged as JSON at startup stays valid JSON.
+    text = _SECRET_VALUE.sub(
+        lambda m: m.group(0) if m.group(2).strip("'\"") == _MASK else m.group(1) + _MASK, text
+    )
     return _URL_CREDENTIALS.sub(lambda m: m.group(1) + _MASK + m.group(3), text)
 
 

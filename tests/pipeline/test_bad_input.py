@@ -1,9 +1,9 @@
 """Bad input gives the documented exit code and one readable line (SPEC §2).
 
-0 ok, 1 runtime failure, 2 usage or configuration error. No traceback
-without ``--debug``. A row bigger than the producer's ``message.max.bytes``
-stops the daemon with exit 1, and the slot is not confirmed past the
-transaction before it.
+0 ok, 1 runtime failure a restart may cure, 2 usage or configuration error,
+3 definite runtime error. No traceback without ``--debug``. A row bigger than
+the producer's ``message.max.bytes`` stops the daemon with exit 3, and the slot
+is not confirmed past the transaction before it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_unknown_key_is_exit_2_naming_the_field(tmp_path: Path) -> None:
 def test_wrong_type_is_exit_2_naming_the_field(tmp_path: Path) -> None:
     data = {**BASE, "kafka": {**BASE["kafka"], "partitions": "many"}}
     result = _cdcd("check", "-c", str(_config(tmp_path, data)))
-    assert result.returncode == 1  # check reports the failed config check
+    assert result.returncode == 2  # check reports the failed config check, as run exits
     result = _cdcd("run", "-c", str(_config(tmp_path, data)))
     assert result.returncode == 2
     assert "kafka.partitions" in _one_line(result)
@@ -97,12 +97,12 @@ def test_unreachable_broker_is_exit_1(tmp_path: Path, pg) -> None:
 
 
 @pytest.mark.integration
-def test_wal_level_replica_is_exit_1_with_hint(tmp_path: Path, make_pg_cluster, broker) -> None:
+def test_wal_level_replica_is_exit_3_with_hint(tmp_path: Path, make_pg_cluster, broker) -> None:
     cluster = make_pg_cluster(settings={"wal_level": "replica"})
     data = {"postgres": {"dsn": cluster.dsn()}, "kafka": {"bootstrap_servers": broker.bootstrap_servers},
             "metrics": {"listen": "127.0.0.1:0"}}
     result = _cdcd("run", "-c", str(_config(tmp_path, data)))
-    assert result.returncode == 1
+    assert result.returncode == 3
     line = _one_line(result)
     assert "wal_level" in line and "ALTER SYSTEM SET wal_level = logical" in line
     check = _cdcd("check", "-c", str(_config(tmp_path, data)))
@@ -110,12 +110,12 @@ def test_wal_level_replica_is_exit_1_with_hint(tmp_path: Path, make_pg_cluster, 
 
 
 @pytest.mark.integration
-def test_missing_publication_is_exit_1(tmp_path: Path, pg, broker) -> None:
+def test_missing_publication_is_exit_3(tmp_path: Path, pg, broker) -> None:
     data = {"postgres": {"dsn": pg.dsn, "publication": "nope", "create_publication": False},
             "kafka": {"bootstrap_servers": broker.bootstrap_servers},
             "metrics": {"listen": "127.0.0.1:0"}}
     result = _cdcd("run", "-c", str(_config(tmp_path, data)))
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert "publication nope does not exist" in _one_line(result)
 
 
@@ -137,7 +137,7 @@ def test_row_over_message_max_bytes_stops_before_its_transaction(pg, broker, tmp
         # Incompressible text, so no codec can bring it under the limit.
         conn.cursor().execute("INSERT INTO big SELECT 2, string_agg(md5(random()::text), '') "
                               "FROM generate_series(1, 8000)")
-        assert daemon.wait(60) == 1
+        assert daemon.wait(60) == 3
         log = daemon.log()
         errors = [line for line in log.splitlines() if line.startswith("cdcd: error")]
         assert len(errors) == 1, log

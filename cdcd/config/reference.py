@@ -123,6 +123,15 @@ def _cell(text: str) -> str:
     return "`".join(pieces)
 
 
+def _nested_models(annotation: Any) -> Iterator[type[BaseModel]]:
+    """Models inside a list or union annotation (``list[str | TableConfig]``)."""
+    for arg in get_args(annotation):
+        if _is_model(arg):
+            yield arg
+        else:
+            yield from _nested_models(arg)
+
+
 def _sections(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, type[BaseModel], bool]]:
     for name, field in model.model_fields.items():
         if _is_model(field.annotation):
@@ -130,6 +139,12 @@ def _sections(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, type[B
             sub: type[BaseModel] = field.annotation  # type: ignore[assignment]
             yield path, sub, field.is_required()
             yield from _sections(sub, path + ".")
+            continue
+        for entry in _nested_models(field.annotation):
+            # An entry of a list written as a mapping: `postgres.tables[]`.
+            path = f"{prefix}{name}[]"
+            yield path, entry, False
+            yield from _sections(entry, path + ".")
 
 
 def render(root: type[BaseModel] = CdcdConfig) -> str:
@@ -142,8 +157,10 @@ def render(root: type[BaseModel] = CdcdConfig) -> str:
         "",
         "cdcd reads one YAML file (`cdcd run -c FILE`). Unknown keys are rejected, so a typo",
         "is an error (exit code 2) rather than a silently ignored setting. `${VAR}` is",
-        "replaced from the environment before parsing and `${VAR:-default}` supplies a",
-        "default; a variable that is unset and has no default is an error. Keep secrets",
+        "replaced from the environment in string values after the YAML is parsed (never in",
+        "comments; inside `postgres.dsn` the value is quoted the libpq way, or",
+        "percent-encoded in a URI, so it may contain any character) and `${VAR:-default}`",
+        "supplies a default; a variable that is unset and has no default is an error. Keep secrets",
         "(the PostgreSQL password, SASL and registry credentials) in the environment.",
         "An annotated example is in `config/cdcd.example.yaml`.",
         "",
@@ -158,9 +175,12 @@ def render(root: type[BaseModel] = CdcdConfig) -> str:
     for path, model, required in _sections(root, ""):
         lines.append(f"## `{path}`")
         lines.append("")
-        lines.append(
-            "Required section." if required else "Optional section; every key has a default."
-        )
+        if path.endswith("[]"):
+            lines.append("A list entry written as a mapping; a plain string entry is its `name`.")
+        else:
+            lines.append(
+                "Required section." if required else "Optional section; every key has a default."
+            )
         doc = (model.__doc__ or "").strip()
         if doc:
             lines += ["", doc.split("\n\n")[0].replace("\n", " ")]

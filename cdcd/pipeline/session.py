@@ -26,7 +26,7 @@ chunks on a worker thread; the publisher hands it the watermarks.
 
 A session ends by returning (stop requested: drained and confirmed) or by
 raising ``TransientError`` (the daemon reconnects after a backoff and resumes
-at the slot's confirmed position) or ``DefiniteError`` (the daemon exits 1).
+at the slot's confirmed position) or ``DefiniteError`` (the daemon exits 3).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import SourceDatabase, split_table
 from cdcd.source.replication import ReplicationStream
+from cdcd.source.slot_holder import slot_holder, slot_in_use
 
 log = logging.getLogger("cdcd.pipeline")
 
@@ -188,20 +189,27 @@ class Session:
                 pg.status_interval_s,
                 timeout / 2,
             )
-        db.ensure_publication(pg.publication, pg.table_names, pg.create_publication)
+        db.ensure_publication(pg)
         snap = cfg.snapshot
         two_phase = pg.protocol_version >= 3
         create = pg.create_slot and db.slot_info(pg.slot) is None
         table = SignalTable(db, snap.signal_table)
         self._signal = (table.schema, table.table)
-        signals: SignalTable | None = table
-        try:
+        # The signal table is created only when a feature needs it: here the
+        # crash-safe initial snapshot of a slot this session creates (raises
+        # SignalTableUnavailable: refuse rather than copy without a record).
+        # Otherwise it is used if it is there, and the incremental snapshot
+        # driver looks for it while streaming (`cdcd snapshot` creates it).
+        signals: SignalTable | None = None
+        if create and snap.mode != "never":
             table.ensure()
-        except SignalTableUnavailable as exc:
-            if create and snap.mode != "never":
-                raise  # the initial snapshot cannot be made crash-safe without it
-            log.warning("%s; incremental snapshots are unavailable until it is fixed", exc)
-            signals = None
+            signals = table
+        elif table.exists():
+            try:
+                table.check_layout()
+                signals = table
+            except SignalTableUnavailable:
+                pass  # the driver warns once and waits for it to be fixed
         exported: ExportedSnapshot | None = None
         if create and signals is not None:
             if snap.mode == "never":
@@ -212,19 +220,30 @@ class Session:
                 # without a record that its snapshot is unfinished.
                 signals.begin_initial(pg.slot, [f"{s}.{t}" for s, t in tables])
                 exported = create_slot_with_snapshot(
-                    pg.dsn, pg.slot, two_phase, snap.parallelism, pg.connect_timeout_s
+                    pg.dsn,
+                    pg.slot,
+                    two_phase,
+                    snap.parallelism,
+                    pg.connect_timeout_s,
+                    beat=self.state.beat,
+                    stop=self.stop,
                 )
         try:
-            if not self._setup(signals, exported):
+            if not self._setup(table, signals, exported):
                 return  # stopped during the initial snapshot, or initial_only is done
         finally:
             if exported is not None:
                 exported.close()
-        stream = self._stream = ReplicationStream(
+        stream = ReplicationStream(
             pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.binary, pg.connect_timeout_s
         )
         assert self._tracker is not None and self._sink is not None and self._assembler is not None
-        stream.start(self._tracker.confirmed)
+        try:
+            stream.start(self._tracker.confirmed)
+        except CdcdError:
+            stream.close()  # never started: no final status update to send on it
+            raise
+        self._stream = stream
         self._set_streaming(True)
         try:
             self._loop(stream, self._decoder, self._assembler, self._tracker, self._sink)
@@ -233,14 +252,30 @@ class Session:
             self._assembler.close()
         self._drain()
 
-    def _setup(self, signals: SignalTable | None, exported: ExportedSnapshot | None) -> bool:
-        """Slot, Kafka, the publishing pipeline, the initial snapshot; False: do not stream."""
+    def _setup(
+        self, table: SignalTable, signals: SignalTable | None, exported: ExportedSnapshot | None
+    ) -> bool:
+        """Slot, Kafka, the publishing pipeline, the initial snapshot; False: do not stream.
+
+        ``signals`` is the signal table if it is usable now, ``table`` the
+        same table whether or not it exists yet.
+        """
         cfg = self.config
         pg = cfg.postgres
         snap = cfg.snapshot
         db = self._db
         assert db is not None
-        slot = db.ensure_slot(pg.slot, pg.create_slot, two_phase=pg.protocol_version >= 3)
+        slot = db.ensure_slot(
+            pg.slot,
+            pg.create_slot,
+            two_phase=pg.protocol_version >= 3,
+            beat=self.state.beat,
+            stop=self.stop,
+        )
+        if slot.active_pid is not None and exported is None:
+            # Said before Kafka is set up, with who holds it: START_REPLICATION
+            # would fail the same way, naming only a PID.
+            raise slot_in_use(pg.slot, slot_holder(db, slot.active_pid))
         start = slot.confirmed_flush_lsn or Lsn(0)
         log.info("resuming slot %s at %s", pg.slot, start, extra={"slot": pg.slot, "lsn": str(start)})
 
@@ -300,13 +335,12 @@ class Session:
             self._drain()
             self.stop.set()
             return False
-        if signals is None:
-            return True
         self._snapshots = IncrementalSnapshots(
             db=db,
             dsn=pg.dsn,
             timeout_s=pg.connect_timeout_s,
-            signals=signals,
+            signals=table,
+            table_ready=signals is not None,
             slot=pg.slot,
             publication=pg.publication,
             publisher=publisher,

@@ -88,14 +88,24 @@ from cdcd.snapshot.rows import (
     plan_table,
     read_chunk,
 )
-from cdcd.snapshot.store import CANCELLED, DONE, RUNNING, Job, SignalTable, query_error
+from cdcd.snapshot.store import (
+    CANCELLED,
+    DONE,
+    RUNNING,
+    Job,
+    SignalTable,
+    SignalTableGone,
+    SignalTableUnavailable,
+    query_error,
+)
 from cdcd.source.database import SourceDatabase, connect, split_table
 
 __all__ = ["ChunkWindow", "IncrementalSnapshots", "Visibility"]
 
 log = logging.getLogger("cdcd.snapshot")
 
-#: How often the signal table is read for new requests (and for cancellation).
+#: How often the signal table is read for new requests (and for cancellation),
+#: or, while it does not exist, looked up in the catalog.
 POLL_INTERVAL_S = 2.0
 _XID_MASK = 0xFFFFFFFF
 
@@ -302,6 +312,7 @@ class IncrementalSnapshots:
         metrics: Metrics | None,
         resume_initial: bool,
         on_job_done: Callable[[Job], None],
+        table_ready: bool = True,
     ) -> None:
         self.db = db
         self.dsn = dsn
@@ -316,6 +327,10 @@ class IncrementalSnapshots:
         self.metrics = metrics
         self.resume_initial = resume_initial
         self.on_job_done = on_job_done
+        # False until the signal table is found (the daemon does not create
+        # it for streaming alone; `cdcd snapshot` does): see _find_table.
+        self._table_ready = table_ready
+        self._table_noted = False
         self._run_id = uuid.uuid4().hex[:12]
         self._chunk_no = 0
         self._next_poll = 0.0
@@ -344,19 +359,67 @@ class IncrementalSnapshots:
                 self._failed(request.error)
             elif self._worker is not None and not self._worker.alive:
                 raise TransientError("the incremental snapshot worker thread stopped")
-        if self._unsaved:
-            self._save_delivered()
-        now = time.monotonic()
-        if now >= self._next_poll:
-            self._next_poll = now + POLL_INTERVAL_S
-            if self._job is None:
-                job = self.signals.next_job(self.slot)
-                if job is not None:
-                    self._start(job)
-            else:
-                self._check_cancelled()
+        try:
+            if self._unsaved:
+                self._save_delivered()
+            now = time.monotonic()
+            if now >= self._next_poll:
+                self._next_poll = now + POLL_INTERVAL_S
+                self._poll()
+        except SignalTableGone as exc:
+            self._table_gone(exc)
         if self._job_log is not None and self._tables:
             self._job_log.maybe(self._tables)
+
+    def _poll(self) -> None:
+        if not self._table_ready and not self._find_table():
+            return
+        if self._job is None:
+            job = self.signals.next_job(self.slot)
+            if job is not None:
+                self._start(job)
+        else:
+            self._check_cancelled()
+
+    def _find_table(self) -> bool:
+        """Whether the signal table is there now (a catalog lookup; nothing is created)."""
+        signals = self.signals
+        try:
+            if not signals.exists():
+                if not self._table_noted:
+                    obstacle = signals.cannot_create()
+                    log.info(
+                        "the snapshot signal table %s does not exist (streaming does not need it): "
+                        "incremental snapshots are unavailable until %s; cdcd looks for it every %.0f s",
+                        signals.name,
+                        f"a user allowed to creates it (this one cannot: {obstacle}; docs/snapshots.md)"
+                        if obstacle
+                        else "'cdcd snapshot' creates it",
+                        POLL_INTERVAL_S,
+                    )
+                    self._table_noted = True
+                return False
+            signals.check_layout()
+        except SignalTableUnavailable as exc:
+            if not self._table_noted:
+                log.warning("%s; incremental snapshots are unavailable until it is fixed", exc)
+                self._table_noted = True
+            return False
+        if self._table_noted:
+            log.info("found the snapshot signal table %s: incremental snapshots are available", signals.name)
+        self._table_ready = True
+        self._table_noted = False
+        return True
+
+    def _table_gone(self, exc: SignalTableGone) -> None:
+        """The table was dropped: stop its job (its progress went with it), look for it again."""
+        if self._job is not None:
+            log.warning("%s; snapshot job %s stopped", exc, self._job.id, extra={"job": self._job.id})
+            self._abandon()
+        else:
+            log.warning("%s", exc)
+        self._table_ready = False
+        self._table_noted = True  # said once; the next line is when it is found again
 
     def close(self) -> None:
         self.publisher.unwatch()

@@ -71,7 +71,7 @@ from cdcd.snapshot.rows import (
     split_points,
 )
 from cdcd.snapshot.store import query_error
-from cdcd.source.database import SourceDatabase, connect, quote_ident
+from cdcd.source.database import SourceDatabase, connect, quote_ident, wait_for_slot_creation
 
 __all__ = ["ExportedSnapshot", "InitialSnapshot", "create_slot_with_snapshot"]
 
@@ -96,9 +96,21 @@ class ExportedSnapshot:
 
 
 def create_slot_with_snapshot(
-    dsn: str, slot: str, two_phase: bool, connections: int, timeout_s: float
+    dsn: str,
+    slot: str,
+    two_phase: bool,
+    connections: int,
+    timeout_s: float,
+    *,
+    beat: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> ExportedSnapshot:
-    """Create ``slot`` exporting a snapshot, and import it into ``connections`` connections."""
+    """Create ``slot`` exporting a snapshot, and import it into ``connections`` connections.
+
+    The creation waits for every open transaction to end; meanwhile
+    ``wait_for_slot_creation`` logs which, keeps ``beat`` going and cancels
+    on ``stop``.
+    """
     repl = connect(dsn, replication=True, timeout_s=timeout_s)
     try:
         version = int(repl.server_version)
@@ -113,9 +125,15 @@ def create_slot_with_snapshot(
         else:
             command = f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
         cursor = repl.cursor()
-        try:
+
+        def create() -> Any:
             cursor.execute(command)
-            row = cursor.fetchone()
+            return cursor.fetchone()
+
+        try:
+            row = wait_for_slot_creation(
+                create, conn=repl, dsn=dsn, slot=slot, beat=beat, stop=stop, timeout_s=timeout_s
+            )
         except psycopg2.errors.DuplicateObject as exc:
             raise TransientError(f"slot {slot} was created concurrently by another client") from exc
         except psycopg2.errors.ObjectNotInPrerequisiteState as exc:

@@ -29,13 +29,20 @@ chunks after it (at-least-once) but never skips one.
 cdcd polls the table (a few rows, every couple of seconds) rather than
 watching it in the change stream, so the table need not be in the
 publication; cdcd never publishes its changes (it is excluded from capture,
-even with ``FOR ALL TABLES``). cdcd creates the table when it is missing
-(``CREATE`` privilege on the schema needed); otherwise the operator creates
-it with :data:`DDL`. When it can be neither created nor used
-(:class:`SignalTableUnavailable`), the session streams without incremental
-snapshots, and refuses only to create a slot with an initial snapshot, whose
-crash safety depends on the job row. Daemons that share a database need distinct signal
-tables: a pending request is claimed by whichever daemon sees it first.
+even with ``FOR ALL TABLES``).
+
+cdcd creates the table (``CREATE`` privilege on the schema needed) only when
+a feature needs it, so that a daemon that only streams adds nothing to the
+application's database: the daemon before it creates a slot with an initial
+snapshot (whose crash safety depends on the job row), and ``cdcd snapshot``
+before it inserts a request. Otherwise the operator may create it with
+:data:`DDL`. A running daemon that found no table looks for it again at
+every poll (a catalog lookup, no DDL), so a table created later by ``cdcd
+snapshot`` serves requests without a restart. When it can be neither created
+nor used (:class:`SignalTableUnavailable`), the session streams without
+incremental snapshots, and refuses only to create a slot with an initial
+snapshot. Daemons that share a database need distinct signal tables: a
+pending request is claimed by whichever daemon sees it first.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ import psycopg2.errors
 from cdcd.errors import DefiniteError
 from cdcd.source.database import SourceDatabase, quote_ident, split_table
 
-__all__ = ["DDL", "Job", "SignalTable", "SignalTableUnavailable"]
+__all__ = ["DDL", "Job", "SignalTable", "SignalTableGone", "SignalTableUnavailable"]
 
 log = logging.getLogger("cdcd.snapshot")
 
@@ -78,6 +85,10 @@ CANCELLED = "cancelled"
 
 class SignalTableUnavailable(DefiniteError):
     """The signal table cannot be created, or exists with another layout."""
+
+
+class SignalTableGone(DefiniteError):
+    """The signal table was dropped while cdcd used it."""
 
 
 @dataclass
@@ -143,9 +154,9 @@ class SignalTable:
         try:
             return self.db.query(sql, params)
         except psycopg2.errors.UndefinedTable as exc:
-            raise DefiniteError(
+            raise SignalTableGone(
                 f"the snapshot signal table {self.name} is gone: {query_error(exc)}",
-                hint="restart cdcd to create it again (snapshot progress kept there is lost: "
+                hint="'cdcd snapshot' creates it again (snapshot progress kept there is lost: "
                 "request interrupted snapshots again)",
             ) from exc
         except psycopg2.Error as exc:
@@ -156,9 +167,28 @@ class SignalTable:
 
     # -- the table ------------------------------------------------------------------
 
-    def ensure(self) -> None:
-        """Create the table if it is missing; check that it has cdcd's columns."""
-        if not self.db.table_exists(self.schema, self.table):
+    def exists(self) -> bool:
+        """Whether the table is there: one catalog lookup, no DDL (cheap enough to poll)."""
+        return self.db.table_exists(self.schema, self.table)
+
+    def cannot_create(self) -> str | None:
+        """Why this user could not create the table now, or None if it could."""
+        if not self.db.scalar("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (self.schema,)):
+            return f"schema {self.schema} does not exist"
+        if not self.db.scalar("SELECT has_schema_privilege(%s, 'CREATE')", (self.schema,)):
+            user = self.db.scalar("SELECT current_user")
+            return f"user {user} has no CREATE privilege on schema {self.schema}"
+        return None
+
+    def ensure(self) -> bool:
+        """Create the table if it is missing (True: created); check that it has cdcd's columns.
+
+        Only what needs the table calls this: the initial snapshot of a slot
+        cdcd creates, and ``cdcd snapshot``. Otherwise the daemon waits for
+        the table to appear (:meth:`exists`) and creates nothing.
+        """
+        created = False
+        if not self.exists():
             try:
                 self.db.query(DDL.format(table=self.sql))
             except (psycopg2.errors.InsufficientPrivilege, psycopg2.errors.InvalidSchemaName) as exc:
@@ -168,6 +198,12 @@ class SignalTable:
                     "or set snapshot.signal_table to a schema.table cdcd may create",
                 ) from exc
             log.info("created the snapshot signal table %s", self.name)
+            created = True
+        self.check_layout()
+        return created
+
+    def check_layout(self) -> None:
+        """Raise :class:`SignalTableUnavailable` unless the table has cdcd's columns."""
         present = {
             str(r[0])
             for r in self._query(
@@ -183,6 +219,18 @@ class SignalTable:
                 hint="drop it so that cdcd re-creates it, or set snapshot.signal_table to "
                 "another table (layout in docs/snapshots.md)",
             )
+
+    def missing_privileges(self) -> list[str]:
+        """Which of SELECT, INSERT, UPDATE (what cdcd does with the table) this user lacks."""
+        return [
+            privilege
+            for privilege in ("SELECT", "INSERT", "UPDATE")
+            if not self.db.scalar("SELECT has_table_privilege(%s, %s)", (self.sql, privilege))
+        ]
+
+    def pending(self) -> int:
+        """Requests waiting for a daemon."""
+        return int(self._query(f"SELECT count(*) FROM {self.sql} WHERE status = %s", (PENDING,))[0][0])
 
     # -- requests -------------------------------------------------------------------
 

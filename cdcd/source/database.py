@@ -9,18 +9,26 @@ Every definite error names the object and what to change.
 
 from __future__ import annotations
 
+import logging
 import re
-from dataclasses import dataclass
-from typing import Any
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
-from cdcd.config.model import redact_dsn
-from cdcd.errors import DefiniteError, TransientError
+from cdcd.config.dsn import redact_dsn_message
+from cdcd.config.model import PostgresConfig, redact_dsn
+from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
+from cdcd.observability import systemd
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Column, Relation
+
+log = logging.getLogger("cdcd.source")
 
 #: Session settings that fix the text form of values pgoutput sends (the
 #: walsender formats values with its own session's settings).
@@ -45,13 +53,15 @@ def connect(dsn: str, replication: bool = False, timeout_s: float = 10.0) -> Any
         kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
     try:
         conn = psycopg2.connect(dsn, **kwargs)
-    except psycopg2.ProgrammingError as exc:  # malformed DSN
-        raise DefiniteError(
-            f"invalid postgres.dsn ({redact_dsn(dsn)}): {_first_line(exc)}",
+    except psycopg2.ProgrammingError as exc:  # malformed DSN: a configuration error (exit 2)
+        raise ConfigError(
+            f"invalid postgres.dsn ({redact_dsn(dsn)}): "
+            f"{redact_dsn_message(_first_line(exc), dsn)}",
             hint="fix postgres.dsn",
         ) from exc
     except psycopg2.OperationalError as exc:
-        message = _first_line(exc)
+        # libpq quotes DSN pieces it cannot use, which may be part of a password.
+        message = redact_dsn_message(_first_line(exc), dsn)
         where = redact_dsn(dsn)
         if _DEFINITE_CONNECT.search(message):
             raise DefiniteError(
@@ -100,12 +110,295 @@ class SlotInfo:
     active_pid: int | None
 
 
+#: The comment that marks a publication as cdcd's own. Only such a publication
+#: follows ``postgres.tables`` when tables are removed: one an operator made may
+#: serve other subscribers.
+OWNED_PUBLICATION_COMMENT = "managed by cdcd: membership follows postgres.tables"
+
+#: How long cdcd's publication and replica identity DDL may wait for a table
+#: lock. Queued behind a long transaction, it would block every application
+#: query on the table queued behind it; a timeout is retried as transient.
+DDL_LOCK_TIMEOUT = "5s"
+
+#: Tables named in one message before "and N more".
+_LISTED = 5
+
+# What cdcd does with one captured table (TableVerdict.action).
+KEEP = "keep"  # it has a usable replica identity
+MISSING = "missing"  # it does not exist: a configuration error
+SET_FULL = "set_full"  # no identity, replica_identity: full: cdcd sets REPLICA IDENTITY FULL
+HARMLESS = "harmless"  # no identity, but the publication publishes neither updates nor deletes
+REFUSE = "refuse"  # no identity and cdcd would publish it: the application's writes would fail
+BROKEN = "broken"  # no identity and already published: the application's writes fail now
+
+#: The three ways out for a table without a replica identity.
+WAYS_OUT = (
+    "add a primary key; or ALTER TABLE {table} REPLICA IDENTITY FULL (or USING INDEX), or set "
+    "replica_identity: full on its postgres.tables entry to let cdcd do it; or publish only "
+    "inserts for it (a publication WITH (publish = 'insert, truncate') and "
+    "create_publication: false)"
+)
+
+
 @dataclass(frozen=True, slots=True)
-class TableIdentity:
+class RelIdentity:
+    """How PostgreSQL finds the old row of one table for UPDATE and DELETE."""
+
     schema: str
     table: str
-    replica_identity: str  # d, n, f, i
-    primary_key: tuple[str, ...]
+    sql_name: str  # quoted for SQL
+    oid: int
+    kind: str  # pg_class.relkind: r, or p (partitioned)
+    identity: str  # pg_class.relreplident: d, n, f, i
+    index: str | None  # the usable identity index (primary key or USING INDEX)
+    columns: tuple[str, ...]  # its columns
+    has_primary_key: bool  # any primary key, usable or not
+    owner: str
+    partitions: tuple[RelIdentity, ...] = ()  # leaf partitions of a partitioned table
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def gap(self) -> str | None:
+        """Why UPDATE/DELETE would fail in a publication publishing them; None: they will not.
+
+        PostgreSQL checks the leaf partition a row is in, never a partitioned
+        table itself; a deferrable, invalid or partial index is no identity.
+        """
+        if self.kind == "p":
+            gaps = [(p, p.gap()) for p in self.partitions]
+            found = [f"partition {p.name}: {gap}" for p, gap in gaps if gap]
+            return ", ".join(found) or None
+        if self.identity == "f":
+            return None
+        if self.identity == "n":
+            return "replica identity NOTHING"
+        if self.index is not None:
+            return None
+        if self.identity == "i":
+            return "its replica identity index is gone"
+        if self.has_primary_key:
+            return "its primary key is deferrable or not valid, so it is no replica identity"
+        return "no primary key"
+
+    def describe(self) -> str:
+        """The identity of a table that has one, as ``cdcd check`` prints it."""
+        if self.kind == "p":
+            count = len(self.partitions)
+            return f"partitioned, each of its {count} partitions has a replica identity"
+        if self.identity == "f":
+            return "replica identity FULL"
+        if self.identity == "i":
+            return f"replica identity USING INDEX {self.index} ({', '.join(self.columns)})"
+        return f"primary key ({', '.join(self.columns)})"
+
+    def lacking(self) -> tuple[RelIdentity, ...]:
+        """The relations that need REPLICA IDENTITY FULL for UPDATE/DELETE to work."""
+        if self.kind == "p":
+            return tuple(p for p in self.partitions if p.gap())
+        return (self,) if self.gap() else ()
+
+
+@dataclass(frozen=True, slots=True)
+class TableVerdict:
+    """What cdcd does with one captured table; run and check both read it."""
+
+    schema: str
+    table: str
+    action: str  # KEEP, MISSING, SET_FULL, HARMLESS, REFUSE or BROKEN
+    relation: RelIdentity | None  # None: the table does not exist
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def detail(self) -> str:
+        """The identity, or why there is none."""
+        if self.relation is None:
+            return "does not exist"
+        return self.relation.gap() or self.relation.describe()
+
+
+@dataclass(frozen=True, slots=True)
+class PublicationPlan:
+    """The publication as it is, and what ``ensure_publication`` will do to it.
+
+    Computed without changing anything, so ``cdcd check`` reports exactly what
+    ``cdcd run`` will do or refuse.
+    """
+
+    name: str
+    exists: bool
+    create_allowed: bool  # postgres.create_publication
+    owned: bool  # carries OWNED_PUBLICATION_COMMENT
+    all_tables: bool
+    publishes: str  # "updates and deletes", "updates", "deletes" or "" (neither)
+    configured: bool  # postgres.tables is set
+    tables: tuple[TableVerdict, ...]  # configured tables, or the publication's
+    add: tuple[TableVerdict, ...]  # not yet in the publication
+    stale: tuple[tuple[str, str], ...]  # in the publication, no longer configured
+    all_tables_gaps: tuple[RelIdentity, ...]  # FOR ALL TABLES would publish these without identity
+    member_count: int
+
+    @property
+    def create(self) -> bool:
+        return not self.exists and self.create_allowed
+
+    @property
+    def drop(self) -> tuple[tuple[str, str], ...]:
+        """Only a publication cdcd owns follows postgres.tables when tables are removed."""
+        return self.stale if self.owned and not self.all_tables and self.configured else ()
+
+    def verdict(self, schema: str, table: str) -> TableVerdict | None:
+        for verdict in self.tables:
+            if (verdict.schema, verdict.table) == (schema, table):
+                return verdict
+        return None
+
+    def of(self, action: str) -> list[TableVerdict]:
+        return [v for v in self.tables if v.action == action]
+
+    def error(self) -> CdcdError | None:
+        """What stops ``cdcd run`` before it changes anything; None: nothing."""
+        missing = self.of(MISSING)
+        if missing:
+            return missing_tables_error([v.name for v in missing])
+        refused = self.of(REFUSE)
+        if refused:
+            return refusal_error(self.name, self.publishes, refused)
+        if self.all_tables_gaps:
+            return all_tables_refusal_error(self.name, self.all_tables_gaps)
+        return self.absent_error() or self.lacking_error()
+
+    def absent_error(self) -> DefiniteError | None:
+        if self.exists or self.create_allowed:
+            return None
+        return DefiniteError(
+            f"publication {self.name} does not exist",
+            hint=f"CREATE PUBLICATION {quote_ident(self.name)} FOR ALL TABLES (or FOR TABLE …), "
+            "or set postgres.create_publication: true",
+        )
+
+    def lacking_error(self) -> DefiniteError | None:
+        if not self.add or self.create_allowed:
+            return None
+        return DefiniteError(
+            f"publication {self.name} lacks {', '.join(v.name for v in self.add)}",
+            hint=f"ALTER PUBLICATION {quote_ident(self.name)} ADD TABLE …, "
+            "or set postgres.create_publication: true",
+        )
+
+
+def missing_tables_error(names: list[str]) -> ConfigError:
+    one = len(names) == 1
+    return ConfigError(
+        f"{'table' if one else 'tables'} {', '.join(names)} {'does' if one else 'do'} not exist",
+        hint=f"create {'it' if one else 'them'} or remove {'it' if one else 'them'} "
+        "from postgres.tables",
+    )
+
+
+def refusal_error(publication: str, publishes: str, refused: list[TableVerdict]) -> ConfigError:
+    """The one line that refuses tables whose UPDATE/DELETE publishing them would break."""
+    one = len(refused) == 1
+    listed = ", ".join(f"{v.name} ({v.detail})" for v in refused)
+    it = "it" if one else "them"
+    table = alter_target(refused[0]) if one else "<table>"
+    return ConfigError(
+        f"{'table' if one else 'tables'} {listed} {'has' if one else 'have'} no replica "
+        f"identity: in publication {publication}, which publishes {publishes}, the application's "
+        f"UPDATE and DELETE on {it} would fail, so cdcd refuses to publish {it}",
+        hint=WAYS_OUT.format(table=table),
+    )
+
+
+def alter_target(verdict: TableVerdict) -> str:
+    """The table to name in ``ALTER TABLE … REPLICA IDENTITY FULL``: a partition, not its parent."""
+    lacking = verdict.relation.lacking() if verdict.relation else ()
+    return lacking[0].sql_name if len(lacking) == 1 else "<table>"
+
+
+def all_tables_refusal_error(publication: str, gaps: tuple[RelIdentity, ...]) -> ConfigError:
+    listed = ", ".join(f"{r.name} ({r.gap()})" for r in gaps[:_LISTED])
+    more = f" and {len(gaps) - _LISTED} more" if len(gaps) > _LISTED else ""
+    return ConfigError(
+        f"publication {publication} would be created FOR ALL TABLES (postgres.tables is "
+        f"omitted) and {len(gaps)} table{'s' if len(gaps) != 1 else ''} in the database "
+        f"{'have' if len(gaps) != 1 else 'has'} no replica identity: {listed}{more}; the "
+        "application's UPDATE and DELETE on them would fail, so cdcd refuses to create it",
+        hint="list the tables to capture in postgres.tables; or give each a primary key or "
+        "ALTER TABLE <table> REPLICA IDENTITY FULL (or USING INDEX); or create the publication "
+        "yourself WITH (publish = 'insert, truncate') and set create_publication: false",
+    )
+
+
+def _publishes(update: bool, delete: bool) -> str:
+    return " and ".join(w for w, on in (("updates", update), ("deletes", delete)) if on)
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One statement of ``ensure_publication``'s transaction."""
+
+    sql: str
+    params: Any = None
+    table: RelIdentity | None = None  # the table an ALTER TABLE changes
+
+
+def _privilege_error(
+    publication: str, table: RelIdentity | None, exc: psycopg2.Error
+) -> DefiniteError:
+    if table is None:
+        return DefiniteError(
+            f"not allowed to create or alter publication {publication}: {_first_line(exc)}",
+            hint="create the publication as the table owner or a superuser",
+        )
+    return DefiniteError(
+        f"not allowed to set REPLICA IDENTITY FULL on table {table.name} "
+        f"(replica_identity: full): {_first_line(exc)}",
+        hint=f"run ALTER TABLE {table.sql_name} REPLICA IDENTITY FULL as its owner "
+        f"{table.owner}, or let cdcd's role act as the owner (GRANT {table.owner} TO <cdcd role>)",
+    )
+
+
+# The replica identity of ``c`` (pg_class) in ``n`` (pg_namespace), as _rel_identity reads it.
+_IDENTITY_COLUMNS = (
+    "n.nspname, c.relname, quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.oid, "
+    "c.relkind, c.relreplident, x.indexname, x.columns, "
+    "EXISTS (SELECT 1 FROM pg_index p WHERE p.indrelid = c.oid AND p.indisprimary), "
+    "pg_get_userbyid(c.relowner)"
+)
+# The index PostgreSQL uses as the identity (relcache's rd_replidindex): the
+# primary key, or the USING INDEX one, if live, valid, unique, immediate and
+# not partial; otherwise UPDATE/DELETE have no identity.
+_IDENTITY_INDEX = (
+    "LEFT JOIN LATERAL (SELECT ic.relname AS indexname, "
+    "(SELECT array_agg(a.attname::text ORDER BY k.n) FROM unnest(i.indkey) WITH ORDINALITY "
+    "AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) "
+    "AS columns FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid "
+    "WHERE i.indrelid = c.oid AND i.indislive AND i.indisvalid AND i.indisunique "
+    "AND i.indimmediate AND i.indpred IS NULL "
+    "AND CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END "
+    "LIMIT 1) AS x ON true"
+)
+
+
+def _rel_identity(row: tuple[Any, ...]) -> RelIdentity:
+    schema, table, sql_name, oid, kind, identity, index, columns, has_pk, owner = row
+    return RelIdentity(
+        schema=str(schema),
+        table=str(table),
+        sql_name=str(sql_name),
+        oid=int(oid),
+        kind=str(kind),
+        identity=str(identity),
+        index=None if index is None else str(index),
+        columns=tuple(columns or ()),
+        has_primary_key=bool(has_pk),
+        owner=str(owner),
+    )
 
 
 class SourceDatabase:
@@ -197,54 +490,258 @@ class SourceDatabase:
             )
         )
 
-    def ensure_publication(self, name: str, tables: list[str] | None, create: bool) -> None:
-        """Create the publication if allowed; add configured tables it lacks."""
-        wanted = [split_table(t) for t in tables] if tables else None
-        if wanted:
-            missing = [f"{s}.{t}" for s, t in wanted if not self.table_exists(s, t)]
-            if missing:
-                raise DefiniteError(
-                    f"table {', '.join(missing)} does not exist",
-                    hint="create it or remove it from postgres.tables",
+    def identities(self, tables: list[tuple[str, str]]) -> dict[tuple[str, str], RelIdentity]:
+        """The replica identity of each existing table (with its partitions); absent ones omitted."""
+        if not tables:
+            return {}
+        rows = self.query(
+            f"SELECT {_IDENTITY_COLUMNS} FROM unnest(%s::text[], %s::text[]) AS w(nsp, rel) "
+            "JOIN pg_namespace n ON n.nspname = w.nsp "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.rel "
+            f"AND c.relkind IN ('r', 'p') {_IDENTITY_INDEX}",
+            ([s for s, _ in tables], [t for _, t in tables]),
+        )
+        out = {}
+        for row in rows:
+            relation = _rel_identity(row)
+            if relation.kind == "p":
+                leaves = self.query(
+                    f"SELECT {_IDENTITY_COLUMNS} FROM pg_partition_tree(%s::oid) AS w "
+                    "JOIN pg_class c ON c.oid = w.relid AND w.isleaf AND c.relkind = 'r' "
+                    f"JOIN pg_namespace n ON n.oid = c.relnamespace {_IDENTITY_INDEX} "
+                    "ORDER BY 1, 2",
+                    (relation.oid,),
                 )
-        if not self.publication_exists(name):
-            if not create:
-                raise DefiniteError(
-                    f"publication {name} does not exist",
-                    hint=f"CREATE PUBLICATION {quote_ident(name)} FOR ALL TABLES (or FOR TABLE …), "
-                    "or set postgres.create_publication: true",
-                )
-            if wanted:
-                targets = ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in wanted)
-                self._ddl(f"CREATE PUBLICATION {quote_ident(name)} FOR TABLE {targets}", name)
-            else:
-                self._ddl(f"CREATE PUBLICATION {quote_ident(name)} FOR ALL TABLES", name)
-            return
-        if wanted:
-            present = set(self.publication_tables(name))
-            absent = [(s, t) for s, t in wanted if (s, t) not in present]
-            if absent:
-                if not create:
-                    raise DefiniteError(
-                        f"publication {name} lacks {', '.join(f'{s}.{t}' for s, t in absent)}",
-                        hint=f"ALTER PUBLICATION {quote_ident(name)} ADD TABLE …",
-                    )
-                all_tables = self.scalar(
-                    "SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)
-                )
-                if not all_tables:
-                    targets = ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in absent)
-                    self._ddl(f"ALTER PUBLICATION {quote_ident(name)} ADD TABLE {targets}", name)
+                relation = replace(relation, partitions=tuple(_rel_identity(r) for r in leaves))
+            out[(relation.schema, relation.table)] = relation
+        return out
 
-    def _ddl(self, sql: str, what: str) -> None:
-        try:
-            with self.conn.cursor() as cur:
-                cur.execute(sql)
-        except psycopg2.errors.InsufficientPrivilege as exc:
-            raise DefiniteError(
-                f"not allowed to create or alter publication {what}: {_first_line(exc)}",
-                hint="create the publication as the table owner or a superuser",
-            ) from exc
+    def tables_without_identity(self) -> list[RelIdentity]:
+        """Every table a FOR ALL TABLES publication would publish that has no replica identity."""
+        rows = self.query(
+            f"SELECT {_IDENTITY_COLUMNS} FROM pg_class c "
+            f"JOIN pg_namespace n ON n.oid = c.relnamespace {_IDENTITY_INDEX} "
+            # What PostgreSQL publishes: permanent user tables, never catalogs.
+            "WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND c.oid >= 16384 "
+            "AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
+            "AND n.nspname !~ '^pg_toast' ORDER BY 1, 2"
+        )
+        return [r for r in map(_rel_identity, rows) if r.gap()]
+
+    def plan_publication(self, pg: PostgresConfig) -> PublicationPlan:
+        """What ``ensure_publication`` will do, or refuse, for ``pg``; changes nothing.
+
+        A table without a usable replica identity in a publication that
+        publishes updates or deletes makes the *application's* UPDATE and
+        DELETE on it fail, so cdcd never puts one there: it refuses (a
+        configuration error) unless the table's entry opts in to
+        ``replica_identity: full``, which cdcd then sets.
+        """
+        name = pg.publication
+        rows = self.query(
+            "SELECT oid, puballtables, pubupdate, pubdelete, "
+            "obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
+            (name,),
+        )
+        exists = bool(rows)
+        if rows:
+            oid, all_tables, update, delete, comment = rows[0]
+            publishes = _publishes(bool(update), bool(delete))
+        else:
+            # CREATE PUBLICATION publishes every kind of change by default.
+            oid, all_tables, comment, publishes = None, False, None, _publishes(True, True)
+        owned = comment == OWNED_PUBLICATION_COMMENT
+        # An empty list captures every table of the publication, as omitting it does.
+        configured = bool(pg.table_names)
+        wanted = [split_table(t) for t in pg.table_names or ()]
+        if not configured:
+            wanted = self.publication_tables(name) if exists else []
+        identity = self.identities(wanted)
+        present = [identity[t] for t in wanted if t in identity]
+        if not exists:
+            members: set[tuple[str, str]] = set()
+        elif all_tables or not configured:
+            members = {(r.schema, r.table) for r in present}
+        else:
+            members = self._members(int(oid), present)
+        verdicts = []
+        for schema, table in wanted:
+            relation = identity.get((schema, table))
+            if relation is None:
+                action = MISSING
+            elif not relation.gap():
+                action = KEEP
+            elif configured and pg.table_config(f"{schema}.{table}").replica_identity == "full":
+                action = SET_FULL
+            elif not publishes:
+                action = HARMLESS
+            elif (schema, table) in members:
+                action = BROKEN
+            else:
+                action = REFUSE
+            verdicts.append(TableVerdict(schema, table, action, relation))
+        add: tuple[TableVerdict, ...] = ()
+        stale: tuple[tuple[str, str], ...] = ()
+        if exists and configured and not all_tables:
+            add = tuple(v for v in verdicts if v.relation and (v.schema, v.table) not in members)
+            explicit = self.query(
+                "SELECT n.nspname, c.relname FROM pg_publication_rel r "
+                "JOIN pg_class c ON c.oid = r.prrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE r.prpubid = %s ORDER BY 1, 2",
+                (oid,),
+            )
+            keep = set(wanted)
+            stale = tuple((str(s), str(t)) for s, t in explicit if (s, t) not in keep)
+        gaps: tuple[RelIdentity, ...] = ()
+        if not exists and pg.create_publication and not configured:
+            gaps = tuple(self.tables_without_identity())
+        return PublicationPlan(
+            name=name,
+            exists=exists,
+            create_allowed=pg.create_publication,
+            owned=owned,
+            all_tables=bool(all_tables),
+            publishes=publishes,
+            configured=configured,
+            tables=tuple(verdicts),
+            add=add,
+            stale=stale,
+            all_tables_gaps=gaps,
+            member_count=len(self.publication_tables(name)) if exists else 0,
+        )
+
+    def _members(self, publication: int, relations: list[RelIdentity]) -> set[tuple[str, str]]:
+        """Which of ``relations`` the publication includes: listed, by schema, or by an ancestor."""
+        by_schema = (
+            " OR a.relnamespace IN (SELECT pnnspid FROM pg_publication_namespace "
+            "WHERE pnpubid = %(pub)s)"
+            if self.server_version >= 150000
+            else ""
+        )
+        rows = self.query(
+            "SELECT w.relid FROM unnest(%(oids)s::oid[]) AS w(relid) WHERE EXISTS ("
+            # pg_partition_ancestors has no rows for a table that is not a partition.
+            "SELECT 1 FROM (SELECT w.relid UNION SELECT relid FROM pg_partition_ancestors(w.relid)) "
+            "AS p(relid) JOIN pg_class a ON a.oid = p.relid WHERE p.relid IN (SELECT prrelid FROM pg_publication_rel WHERE prpubid = %(pub)s)"
+            f"{by_schema})",
+            {"pub": publication, "oids": [r.oid for r in relations]},
+        )
+        found = {int(r[0]) for r in rows}
+        return {(r.schema, r.table) for r in relations if r.oid in found}
+
+    def ensure_publication(self, pg: PostgresConfig) -> PublicationPlan:
+        """Make the publication what ``plan_publication`` decided, or raise what it refuses.
+
+        Creates it (marked as cdcd's own) if allowed, sets the replica
+        identities opted in to, adds configured tables it lacks and drops from
+        a publication cdcd owns the tables no longer configured -- all in one
+        transaction, so a failure leaves the database as it was.
+        """
+        plan = self.plan_publication(pg)
+        error = plan.error()
+        if error is not None:
+            raise error
+        name = quote_ident(plan.name)
+        steps: list[_Step] = []
+        set_full = [r for v in plan.of(SET_FULL) if v.relation for r in v.relation.lacking()]
+        for relation in set_full:
+            steps.append(_Step(f"ALTER TABLE {relation.sql_name} REPLICA IDENTITY FULL", table=relation))
+        if plan.create:
+            targets = ", ".join(v.relation.sql_name for v in plan.tables if v.relation)
+            steps.append(
+                _Step(
+                    f"CREATE PUBLICATION {name} "
+                    + (f"FOR TABLE {targets}" if plan.configured else "FOR ALL TABLES")
+                )
+            )
+            comment = (OWNED_PUBLICATION_COMMENT,)
+            steps.append(_Step(f"COMMENT ON PUBLICATION {name} IS %s", comment))
+        if plan.add:
+            targets = ", ".join(v.relation.sql_name for v in plan.add if v.relation)
+            steps.append(_Step(f"ALTER PUBLICATION {name} ADD TABLE {targets}"))
+        if plan.drop:
+            targets = ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in plan.drop)
+            steps.append(_Step(f"ALTER PUBLICATION {name} DROP TABLE {targets}"))
+        if plan.stale and not plan.drop:
+            log.debug(
+                "publication %s is not cdcd's own: keeping %s in it although not configured",
+                plan.name,
+                ", ".join(f"{s}.{t}" for s, t in plan.stale),
+            )
+        broken = plan.of(BROKEN)
+        if broken:
+            listed = ", ".join(f"{v.name} ({v.detail})" for v in broken[:_LISTED])
+            more = f" and {len(broken) - _LISTED} more" if len(broken) > _LISTED else ""
+            log.warning(
+                "publication %s publishes %s and already includes tables without replica "
+                "identity: %s%s; the application's UPDATE and DELETE on them fail until each "
+                "gets a primary key or REPLICA IDENTITY FULL, or leaves the publication",
+                plan.name,
+                plan.publishes,
+                listed,
+                more,
+            )
+        if steps:
+            self._transaction(plan.name, steps)
+        for relation in set_full:
+            log.info(
+                "set REPLICA IDENTITY FULL on table %s (replica_identity: full)",
+                relation.name,
+                extra={"table": relation.name},
+            )
+        if plan.create:
+            what = ", ".join(v.name for v in plan.tables) if plan.configured else "ALL TABLES"
+            log.info("created publication %s FOR %s", plan.name, what)
+        for verdict in plan.add:
+            log.info(
+                "added table %s to publication %s",
+                verdict.name,
+                plan.name,
+                extra={"table": verdict.name},
+            )
+        for schema, table in plan.drop:
+            log.info(
+                "dropped table %s.%s from publication %s: no longer in postgres.tables",
+                schema,
+                table,
+                plan.name,
+                extra={"table": f"{schema}.{table}"},
+            )
+        return plan
+
+    def _transaction(self, publication: str, steps: list[_Step]) -> None:
+        """Run ``steps`` in one transaction: all of them happen, or none."""
+        with self.conn.cursor() as cur:
+            try:
+                cur.execute("BEGIN")
+                cur.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
+                for step in steps:
+                    try:
+                        cur.execute(step.sql, step.params)
+                    except psycopg2.errors.InsufficientPrivilege as exc:
+                        raise _privilege_error(publication, step.table, exc) from exc
+                    except psycopg2.errors.LockNotAvailable as exc:
+                        raise TransientError(
+                            f"no lock within {DDL_LOCK_TIMEOUT} for {step.sql.split(' %s')[0]!r}: "
+                            "a long transaction holds the table; retrying"
+                        ) from exc
+                    except psycopg2.OperationalError:
+                        raise
+                    except psycopg2.Error as exc:
+                        raise DefiniteError(
+                            f"cannot run {step.sql.split(' %s')[0]!r}: {_first_line(exc)}",
+                            hint=f"fix it by hand, then restart cdcd (publication {publication})",
+                        ) from exc
+                cur.execute("COMMIT")
+            except psycopg2.OperationalError as exc:
+                raise TransientError(f"PostgreSQL connection lost: {_first_line(exc)}") from exc
+            finally:
+                if self.conn.info.transaction_status in (
+                    psycopg2.extensions.TRANSACTION_STATUS_INTRANS,
+                    psycopg2.extensions.TRANSACTION_STATUS_INERROR,
+                ):
+                    cur.execute("ROLLBACK")
 
     # -- slot -----------------------------------------------------------------------
 
@@ -269,7 +766,21 @@ class SourceDatabase:
             active_pid=pid,
         )
 
-    def ensure_slot(self, slot: str, create: bool, two_phase: bool) -> SlotInfo:
+    def ensure_slot(
+        self,
+        slot: str,
+        create: bool,
+        two_phase: bool,
+        *,
+        beat: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> SlotInfo:
+        """The slot, created if missing and allowed; verified to be usable.
+
+        Creating it waits for every transaction open at that moment to end:
+        ``wait_for_slot_creation`` logs what it waits for, keeps ``beat``
+        going and gives up when ``stop`` is set.
+        """
         info = self.slot_info(slot)
         if info is None:
             if not create:
@@ -278,7 +789,8 @@ class SourceDatabase:
                     hint="set postgres.create_slot: true or create it with "
                     f"pg_create_logical_replication_slot('{slot}', 'pgoutput')",
                 )
-            try:
+
+            def create_slot() -> None:
                 if two_phase:
                     self.query(
                         "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
@@ -288,6 +800,11 @@ class SourceDatabase:
                     self.query(
                         "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
                     )
+
+            try:
+                wait_for_slot_creation(
+                    create_slot, conn=self.conn, dsn=self.dsn, slot=slot, beat=beat, stop=stop
+                )
             except psycopg2.errors.DuplicateObject:
                 pass  # created concurrently; verified below
             except psycopg2.errors.ObjectNotInPrerequisiteState as exc:
@@ -331,17 +848,6 @@ class SourceDatabase:
         )
 
     # -- tables ---------------------------------------------------------------------
-
-    def table_identity(self, schema: str, table: str) -> TableIdentity:
-        rows = self.query(
-            "SELECT c.relreplident, c.oid FROM pg_class c JOIN pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-            (schema, table),
-        )
-        if not rows:
-            raise DefiniteError(f"table {schema}.{table} does not exist", hint="fix postgres.tables")
-        identity, oid = rows[0]
-        return TableIdentity(schema, table, str(identity), self._primary_key(int(oid)))
 
     def primary_key(self, schema: str, table: str) -> tuple[str, ...] | None:
         rows = self.query(
@@ -418,3 +924,215 @@ def relation_from_catalog(db: SourceDatabase, schema: str, table: str) -> Relati
             for name, type_oid, typmod in columns
         ),
     )
+
+
+# -- waiting for a slot to be created -------------------------------------------------
+
+#: While a slot is being created, what it waits for is logged this often.
+SLOT_WAIT_LOG_INTERVAL_S = 5.0
+#: ... and the caller's ``beat`` is called this often (health, systemd watchdog).
+_SLOT_WAIT_BEAT_S = 1.0
+#: Under systemd, each report extends the start timeout (TimeoutStartSec) by this
+#: much: a creation that is known to wait is not a hung start.
+_SLOT_WAIT_EXTEND_S = 30.0
+#: After ``stop``, how long the cancelled creation may take to return.
+_SLOT_CANCEL_WAIT_S = 10.0
+#: Waits longer than this are logged as warnings.
+_SLOT_WAIT_WARN_AFTER_S = 60.0
+#: At most this many transactions are named in one log line.
+_SLOT_WAIT_LISTED = 5
+
+_T = TypeVar("_T")
+
+# Transactions holding an xid that the slot creation waits for (the one whose
+# lock it waits on now, from pg_locks) or will wait for (open since before it
+# began), and prepared transactions likewise: they have no backend.
+# pg_stat_activity hides state and xact_start of other roles' sessions from a
+# role without pg_read_all_stats; backend_xid and pg_locks stay visible.
+_SLOT_WAIT_SQL = """
+WITH waits AS (
+    SELECT l.transactionid FROM pg_locks l
+    WHERE l.pid = %(pid)s AND NOT l.granted AND l.locktype = 'transactionid'
+)
+SELECT a.pid, a.backend_xid::text, extract(epoch FROM now() - a.xact_start)::float8,
+       a.state, a.application_name, host(a.client_addr),
+       nullif(a.datname::text, current_database()), NULL::text,
+       a.backend_xid IN (SELECT transactionid FROM waits)
+FROM pg_stat_activity a
+WHERE a.pid <> %(pid)s AND a.backend_xid IS NOT NULL
+  AND (a.backend_xid IN (SELECT transactionid FROM waits)
+       OR a.xact_start < now() - make_interval(secs => %(waited)s))
+UNION ALL
+SELECT NULL, p.transaction::text, extract(epoch FROM now() - p.prepared)::float8,
+       NULL, NULL, NULL, nullif(p.database::text, current_database()), p.gid,
+       p.transaction IN (SELECT transactionid FROM waits)
+FROM pg_prepared_xacts p
+WHERE p.transaction IN (SELECT transactionid FROM waits)
+   OR p.prepared < now() - make_interval(secs => %(waited)s)
+ORDER BY 9 DESC, 3 DESC NULLS LAST
+"""
+
+
+def wait_for_slot_creation(
+    create: Callable[[], _T],
+    *,
+    conn: Any,
+    dsn: str,
+    slot: str,
+    beat: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
+    timeout_s: float = 10.0,
+) -> _T:
+    """Run ``create``, a blocking slot creation on ``conn``, and say what it waits for.
+
+    A new logical slot becomes usable only once every transaction that holds
+    an xid when creation begins has ended, so it takes as long as the
+    longest open transaction on the server (an idle-in-transaction session, a
+    forgotten prepared transaction). ``create`` runs on a worker thread; this
+    thread calls ``beat`` every second (health and watchdog see a daemon that
+    knowingly waits, not a wedged one), logs every few seconds which
+    transactions hold it up (read over a second, ordinary connection opened
+    only if the wait lasts), and on ``stop`` cancels the creation (PostgreSQL
+    drops the half-made slot) and raises ``TransientError``. Under systemd
+    each report also extends the start timeout (``EXTEND_TIMEOUT_USEC``), since
+    ``READY=1`` comes only after the slot exists. What ``create`` raises is
+    raised here.
+    """
+    pid = int(conn.get_backend_pid())
+    done = threading.Event()
+    result: list[_T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(create())
+        except BaseException as exc:  # noqa: BLE001 -- raised again on the calling thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    worker = threading.Thread(target=run, name="cdcd-create-slot", daemon=True)
+    worker.start()
+    monitor = _SlotWaitMonitor(dsn, slot, pid, timeout_s)
+    next_log = started + SLOT_WAIT_LOG_INTERVAL_S
+    try:
+        while not done.wait(_SLOT_WAIT_BEAT_S):
+            if beat is not None:
+                beat()
+            if stop is not None and stop.is_set():
+                log.info("stop requested: cancelling the creation of slot %s", slot)
+                try:
+                    conn.cancel()
+                except psycopg2.Error as exc:
+                    log.warning("cancelling the creation of slot %s: %s", slot, _first_line(exc))
+                if not done.wait(_SLOT_CANCEL_WAIT_S):
+                    log.warning("creating slot %s: the server did not answer the cancel", slot)
+                raise TransientError(f"stopped while creating slot {slot}")
+            now = time.monotonic()
+            if now >= next_log:
+                next_log = now + SLOT_WAIT_LOG_INTERVAL_S
+                monitor.report(now - started)
+                systemd.notify(
+                    f"EXTEND_TIMEOUT_USEC={int(_SLOT_WAIT_EXTEND_S * 1_000_000)}\n"
+                    f"STATUS=creating slot {slot}: waiting {now - started:.0f} s for open "
+                    "transactions to end (the log names them)"
+                )
+    finally:
+        monitor.close()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+class _SlotWaitMonitor:
+    """Logs what a slot creation (server process ``pid``) waits for."""
+
+    def __init__(self, dsn: str, slot: str, pid: int, timeout_s: float) -> None:
+        self.dsn = dsn
+        self.slot = slot
+        self.pid = pid
+        self.timeout_s = timeout_s
+        self._db: SourceDatabase | None = None
+        self._broken = False
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def report(self, waited_s: float) -> None:
+        extra = {"slot": self.slot, "waited_s": round(waited_s, 1), "backend_pid": self.pid}
+        what = f"creating slot {self.slot}: waiting {waited_s:.0f} s"
+        if self._broken:
+            log.info("%s so far", what, extra=extra)
+            return
+        try:
+            if self._db is None:
+                self._db = SourceDatabase(self.dsn, timeout_s=self.timeout_s)
+                # Never let the diagnosis itself wait on the server for long.
+                self._db.query("SET statement_timeout = '5s'")
+            rows = self._db.query(_SLOT_WAIT_SQL, {"pid": self.pid, "waited": waited_s})
+            own = self._db.query(
+                "SELECT coalesce(wait_event_type || '/' || wait_event, 'none') "
+                "FROM pg_stat_activity WHERE pid = %s",
+                (self.pid,),
+            )
+        except (CdcdError, psycopg2.Error) as exc:
+            # The diagnosis is a courtesy: the creation itself goes on.
+            self._broken = True
+            self.close()
+            log.warning(
+                "%s so far; cannot tell for what (%s)",
+                what,
+                _first_line(exc),
+                extra=extra,
+            )
+            return
+        if not rows:
+            event = own[0][0] if own else "unknown"
+            log.info(
+                "%s so far (server process %d, wait event %s)", what, self.pid, event, extra=extra
+            )
+            return
+        listed = "; ".join(_describe_transaction(row) for row in rows[:_SLOT_WAIT_LISTED])
+        if len(rows) > _SLOT_WAIT_LISTED:
+            listed += f"; and {len(rows) - _SLOT_WAIT_LISTED} more"
+        count = f"{len(rows)} transaction{'s' if len(rows) > 1 else ''}"
+        # Past a minute it is worth an operator's look: the application holds it up.
+        log.log(
+            logging.WARNING if waited_s >= _SLOT_WAIT_WARN_AFTER_S else logging.INFO,
+            "%s for %s that started before it to end: %s (a new slot starts only once every "
+            "transaction open when it was requested has ended)",
+            what,
+            count,
+            listed,
+            extra={**extra, "blocking_pids": [row[0] for row in rows if row[0] is not None]},
+        )
+
+
+def _describe_transaction(row: tuple[Any, ...]) -> str:
+    pid, xid, age_s, state, application, client, database, gid, _waited_on = row
+    details: list[str] = []
+    if gid is not None:
+        if age_s is not None:
+            details.append(f"prepared {age_s:.0f} s ago")
+        details.append(f"xid {xid}")
+        if database:
+            details.append(f"database '{database}'")
+        details.append("end it with COMMIT PREPARED or ROLLBACK PREPARED")
+        return f"prepared transaction '{gid}' ({', '.join(details)})"
+    if age_s is not None:
+        details.append(f"open {age_s:.0f} s")
+    details.append(f"xid {xid}")
+    if application:
+        details.append(f"application '{application}'")
+    if client:
+        details.append(f"client {client}")
+    if database:
+        details.append(f"database '{database}'")
+    if state:
+        details.append(str(state))
+    else:
+        details.append("details hidden: grant pg_read_all_stats to cdcd's user to see them")
+    return f"pid {pid} ({', '.join(details)})"

@@ -14,6 +14,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from cdcd.config.model import expand_env, parse_config
-from cdcd.observability.http import parse_listen
+from cdcd.observability.http import Health, parse_listen
+from cdcd.observability.http import start as start_http
 from cdcd.observability.metrics import Metrics, exposed_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,18 +47,24 @@ def metric_tokens(expr: str) -> set[str]:
 
 # -- systemd ------------------------------------------------------------------
 
+#: The documented production install: a virtualenv at /opt/cdcd (README.md,
+#: docs/operations.md), its docs copied to share/doc/cdcd inside it.
+VENV = "/opt/cdcd"
+INSTALLED_CDCD = f"{VENV}/bin/cdcd"
+INSTALLED_DOCS = f"{VENV}/share/doc/cdcd"
+
 
 def _unit_with_existing_binary(tmp_path: Path) -> Path:
     """A copy of the unit whose ExecStart binary exists on this machine.
 
     ``systemd-analyze verify`` fails when the ExecStart executable is missing,
-    and /usr/local/bin/cdcd is only there on a real install; the test swaps in
+    and /opt/cdcd/bin/cdcd is only there on a real install; the test swaps in
     this interpreter (the arguments stay as they are).
     """
     text = UNIT.read_text()
-    assert "ExecStart=/usr/local/bin/cdcd run -c /etc/cdcd/cdcd.yaml\n" in text
+    assert f"ExecStart={INSTALLED_CDCD} run -c /etc/cdcd/cdcd.yaml\n" in text
     copy = tmp_path / "cdcd.service"
-    copy.write_text(text.replace("ExecStart=/usr/local/bin/cdcd ", f"ExecStart={sys.executable} "))
+    copy.write_text(text.replace(f"ExecStart={INSTALLED_CDCD} ", f"ExecStart={sys.executable} "))
     return copy
 
 
@@ -123,14 +132,30 @@ def test_systemd_unit_settings() -> None:
         "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
         "CapabilityBoundingSet": "",
         "EnvironmentFile": "-/etc/cdcd/cdcd.env",
-        "RestartPreventExitStatus": "2",
+        # SPEC section 2: no restart on 2 (configuration) or 3 (definite error).
+        "RestartPreventExitStatus": "2 3",
     }
     for key, value in expected.items():
         assert s.get(key, [None])[0] == value, key
     assert "@system-service" in s["SystemCallFilter"]
     assert int(s["TimeoutStopSec"][0]) >= 60
     assert int(s["RestartSec"][0]) > 0
-    assert s["ExecStart"] == ["/usr/local/bin/cdcd run -c /etc/cdcd/cdcd.yaml"]
+    assert s["ExecStart"] == [f"{INSTALLED_CDCD} run -c /etc/cdcd/cdcd.yaml"]
+    assert s["Documentation"] == [f"file://{INSTALLED_DOCS}/operations.md"]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/operations.md"])
+def test_install_path_matches_the_unit(doc: str) -> None:
+    """The documented install puts cdcd and its docs where the unit looks for them."""
+    text = (ROOT / doc).read_text()
+    assert f"python3 -m venv {VENV}" in text
+    assert f"{VENV}/bin/pip install /path/to/cdcd-checkout" in text  # from a checkout
+    assert "pip wheel --no-deps" in text and f"{VENV}/bin/pip install cdcd-" in text  # a wheel
+    assert INSTALLED_DOCS in text
+    assert (ROOT / "docs" / "operations.md").is_file()
+    # cdcd is not published on a package index: never tell anyone to fetch it from one.
+    assert not re.search(r"pip install (-\S+ )*cdcd\b(?![-./])", text), doc
+    assert "RestartPreventExitStatus=2 3" in (ROOT / "docs" / "operations.md").read_text()
 
 
 # -- Kubernetes ---------------------------------------------------------------
@@ -164,6 +189,105 @@ def test_deployment_probes_and_ports() -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     pod = load("deployment.yaml")["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] >= 60
+    # The last log line (the one-line error) shows up in the pod's status.
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_startup_probe_is_served_from_the_start_and_generous() -> None:
+    """The startupProbe must pass on a daemon that is up but not streaming yet.
+
+    A fresh ``Health`` is what the daemon has while it creates its slot or
+    takes the initial snapshot: never ready, alive while it beats. A probe on
+    ``/readyz`` would fail through the whole initial snapshot and get the pod
+    killed; an unserved path would never pass.
+    """
+    c = container()
+    probe = c["startupProbe"]
+    assert probe["httpGet"]["port"] == "metrics"
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 300
+    assert "initialDelaySeconds" not in c["livenessProbe"]  # the startupProbe gates it
+    server = start_http("127.0.0.1:0", CollectorRegistry(), Health())
+    try:
+        assert _get(server.url + probe["httpGet"]["path"]) == 200
+        assert _get(server.url + c["livenessProbe"]["httpGet"]["path"]) == 200
+        assert _get(server.url + c["readinessProbe"]["httpGet"]["path"]) == 503  # not streaming
+    finally:
+        server.stop()
+
+
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity_bytes(text: str | int) -> int:
+    """A Kubernetes memory quantity (``512Mi``, ``1G``, ``1048576``) in bytes."""
+    match = _QUANTITY.match(str(text))
+    assert match is not None, f"cannot parse quantity {text!r}"
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def test_quantity_bytes() -> None:
+    assert quantity_bytes("512Mi") == 512 * 2**20
+    assert quantity_bytes("1Gi") == 2**30
+    assert quantity_bytes("1G") == 10**9
+    assert quantity_bytes("128974848") == 128974848
+    assert quantity_bytes("1.5Gi") == 3 * 2**29
+
+
+#: Measured steady RSS of ``cdcd run`` (docs/performance.md: 62-64 MB).
+BASELINE_BYTES = 64 * 2**20
+#: librdkafka's memory per queued message besides its payload (measured 483 B).
+PER_MESSAGE_BYTES = 500
+#: Produce requests in flight per broker connection (idempotence caps it at 5).
+IN_FLIGHT_REQUESTS = 5
+BROKERS = 3
+#: Decoded size of one snapshot row held in memory, for the arithmetic.
+SNAPSHOT_ROW_BYTES = 1024
+
+
+def test_memory_limit_covers_the_producer_queue_and_buffers() -> None:
+    """The limit is at least what the ConfigMap's settings let cdcd hold (see deployment.yaml)."""
+    configmap = load("configmap.yaml")
+    config = parse_config(
+        yaml.safe_load(expand_env_with(configmap["data"]["cdcd.yaml"], PGPASSWORD="x"))
+    )
+    producer = config.kafka.producer
+    # Stated explicitly, so the arithmetic does not hang on code defaults.
+    for key in ("queue.buffering.max.kbytes", "queue.buffering.max.messages",
+                "message.max.bytes", "batch.size"):
+        assert key in producer, key
+    assert int(producer["batch.size"]) <= int(producer["message.max.bytes"])
+    raw = yaml.safe_load(configmap["data"]["cdcd.yaml"])
+    assert "stream_spill_bytes" in raw["postgres"]
+
+    queue = int(producer["queue.buffering.max.kbytes"]) * 1024
+    messages = int(producer["queue.buffering.max.messages"]) * PER_MESSAGE_BYTES
+    requests = IN_FLIGHT_REQUESTS * int(producer["message.max.bytes"]) * BROKERS
+    streamed = 2 * config.postgres.stream_spill_bytes  # the buffer and its copy when spilling
+    snapshot = (
+        (3 * config.snapshot.parallelism + 1) * config.snapshot.chunk_rows * SNAPSHOT_ROW_BYTES
+    )
+    pod = load("deployment.yaml")["spec"]["template"]["spec"]
+    tmpfs = sum(
+        quantity_bytes(v["emptyDir"].get("sizeLimit", 0))
+        for v in pod["volumes"]
+        if v.get("emptyDir", {}).get("medium") == "Memory"  # tmpfs counts against the limit
+    )
+    bound = BASELINE_BYTES + queue + messages + requests + streamed + snapshot + tmpfs
+    resources = container()["resources"]
+    limit = quantity_bytes(resources["limits"]["memory"])
+    assert limit >= bound, f"memory limit {limit / 2**20:.0f} MiB < bound {bound / 2**20:.0f} MiB"
+    assert limit >= 1.25 * (BASELINE_BYTES + queue + messages), "no margin over the queue bound"
+    assert quantity_bytes(resources["requests"]["memory"]) <= limit
 
 
 def test_deployment_resources() -> None:

@@ -9,6 +9,7 @@ runtime error that needs an operator (``DefiniteError``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from cdcd import __version__
 from cdcd.config.model import CdcdConfig, load_config
-from cdcd.errors import CdcdError, ConfigError, DefiniteError
+from cdcd.errors import CdcdError, ConfigError
 
 log = logging.getLogger("cdcd.cli")
 
@@ -128,9 +129,47 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_yet(name: str) -> Callable[[argparse.Namespace], int]:
+# The optional dependencies of each command, by top-level module, with the
+# extra that installs them (pyproject.toml). Only these may be missing: any
+# other ImportError is a broken installation or a bug and propagates as is.
+_EXTRAS: dict[str, tuple[str, frozenset[str]]] = {
+    "mirror": ("spark", frozenset({"pyspark", "pyarrow", "pandas"})),
+}
+
+
+def _missing_extra(name: str, exc: ImportError) -> ConfigError | None:
+    """A ConfigError if ``exc`` is one of command ``name``'s optional dependencies missing."""
+    extra = _EXTRAS.get(name)
+    if extra is None or exc.name is None:
+        return None
+    module = exc.name.partition(".")[0]
+    if module not in extra[1]:
+        return None
+    if isinstance(exc, ModuleNotFoundError) and exc.name == module:
+        return ConfigError(
+            f"cdcd {name} needs {module}", hint=f"install it with: pip install 'cdcd[{extra[0]}]'"
+        )
+    # Installed, but not a version cdcd works with (a submodule or name is missing).
+    return ConfigError(
+        f"cdcd {name} cannot use the installed {module}: {exc}",
+        hint=f"install a supported version with: pip install 'cdcd[{extra[0]}]'",
+    )
+
+
+def _lazy(name: str, module: str, attr: str) -> Callable[[argparse.Namespace], int]:
+    """Command ``name`` from ``module``, imported when it runs (they are heavy)."""
+
     def command(args: argparse.Namespace) -> int:
-        raise DefiniteError(f"'cdcd {name}' is not implemented in this version", hint="see README")
+        try:
+            run: Callable[[argparse.Namespace], int] = getattr(
+                importlib.import_module(module), attr
+            )
+            return run(args)
+        except ImportError as exc:
+            missing = _missing_extra(name, exc)
+            if missing is None:
+                raise
+            raise missing from exc
 
     return command
 
@@ -141,26 +180,11 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         "check": cmd_check,
         "schemas": cmd_schemas,
         "snapshot": cmd_snapshot,
+        "demo": _lazy("demo", "cdcd.demo", "cmd_demo"),
+        "bench": _lazy("bench", "cdcd.bench", "cmd_bench"),
+        "mirror": _lazy("mirror", "cdcd.spark.cli", "cmd_mirror"),
     }
-    if name == "demo":
-        try:
-            from cdcd.demo import cmd_demo  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            return _not_yet(name)
-        return cmd_demo  # type: ignore[no-any-return,unused-ignore]
-    if name == "bench":
-        try:
-            from cdcd.bench import cmd_bench  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            return _not_yet(name)
-        return cmd_bench  # type: ignore[no-any-return,unused-ignore]
-    if name == "mirror":
-        try:
-            from cdcd.spark.cli import cmd_mirror  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            return _not_yet(name)
-        return cmd_mirror  # type: ignore[no-any-return,unused-ignore]
-    return commands.get(name, _not_yet(name))
+    return commands[name]
 
 
 def _flush_kafka_reports() -> None:

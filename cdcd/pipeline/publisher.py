@@ -169,7 +169,6 @@ class Publisher:
             encoder = self._encoder.for_table(table)
             if self._metrics is not None:
                 self._table_metrics[table.qualified_name] = self._metrics.table(table.qualified_name)
-                self._metrics.delivery_errors_for(topic)
         self._included[key] = encoder
         self._remember(table, encoder)
         return encoder
@@ -188,8 +187,12 @@ class Publisher:
         return counts
 
     def _topic(self, topic: str) -> None:
+        """Once per topic, before its first message: create it, and its error series at 0."""
         if topic not in self._topics_ready:
             self._ensure_topic(topic)
+            if self._metrics is not None:
+                # The failures themselves are counted by the sink.
+                self._metrics.delivery_errors_for(topic)
             self._topics_ready.add(topic)
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None) -> None:

@@ -49,7 +49,7 @@ from cdcd.pipeline.publisher import HEARTBEAT_PREFIX, Publisher
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics
+from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, schemas_topic, topic_spec
 from cdcd.snapshot.incremental import IncrementalSnapshots
 from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot, create_slot_with_snapshot
 from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
@@ -73,11 +73,14 @@ class SessionState:
     def __init__(self) -> None:
         self.streaming = False
         self.ever_streamed = False
-        self.last_beat = time.monotonic()
         self.confirmed: Lsn | None = None
 
     def beat(self) -> None:
-        self.last_beat = time.monotonic()
+        """Called from the main loop and every long wait to say the session is alive.
+
+        A no-op here; the daemon overrides it to feed /healthz and the
+        systemd watchdog.
+        """
 
 
 class Session:
@@ -123,18 +126,9 @@ class Session:
         tables = [split_table(t) for t in pg.table_names] if pg.table_names else db.publication_tables(pg.publication)
         return [(s, t) for s, t in tables if self._include(s, t)]
 
-    def _topic_spec(self, name: str, compacted: bool = False) -> TopicSpec:
-        kafka = self.config.kafka
-        return TopicSpec(
-            name,
-            1 if compacted or name.endswith((".transaction", ".message")) else kafka.partitions,
-            kafka.replication_factor,
-            {"cleanup.policy": "compact"} if compacted else {},
-        )
-
     def _ensure_topic(self, name: str) -> None:
         if self.config.kafka.create_topics:
-            self._ensure(self._topic_spec(name))
+            self._ensure(topic_spec(self.config.kafka, name))
 
     def _ensure(self, spec: TopicSpec) -> None:
         kafka = self.config.kafka
@@ -150,21 +144,23 @@ class Session:
             return ConfluentFormat(
                 SchemaRegistryClient.new_client({"url": registry.url, **registry.config})
             )
-        schemas_topic = f"{self.config.kafka.topic_prefix}._schemas"
+        schemas = schemas_topic(self.config.kafka.topic_prefix)
         if self.config.kafka.create_topics:
-            self._ensure(self._topic_spec(schemas_topic, compacted=True))
+            self._ensure(topic_spec(self.config.kafka, schemas))
+        if self.metrics is not None:
+            self.metrics.delivery_errors_for(schemas)  # at 0 before any failure (see Metrics)
 
         def publish(key: bytes, value: bytes) -> None:
-            results: list[Any] = []
-            sink.produce(schemas_topic, key, value, [], lambda err, msg: results.append(err))
+            results: list[tuple[Any, Any]] = []
+            sink.produce(schemas, key, value, [], lambda err, msg: results.append((err, msg)))
             deadline = time.monotonic() + 60.0
             while not results:
                 if time.monotonic() > deadline:
-                    raise TransientError(f"publishing a schema to {schemas_topic} timed out")
+                    raise TransientError(f"publishing a schema to {schemas} timed out")
                 sink.flush(0.05)  # sends at once, not after linger.ms
                 self._status_if_due()
-            if results[0] is not None:
-                raise sink.delivery_failure(results[0], None)
+            if results[0][0] is not None:
+                raise sink.delivery_failure(*results[0])
 
         return SingleObjectFormat(publish)
 
@@ -284,6 +280,7 @@ class Session:
             build_producer_config(cfg.kafka.bootstrap_servers, dict(cfg.kafka.producer), "cdcd"),
             create_topics=cfg.kafka.create_topics,
             should_stop=self._while_blocked,
+            on_failed_delivery=self.metrics.delivery_error if self.metrics is not None else None,
         )
         wire = self._wire_format(sink)
         tracker = self._tracker = AckTracker(

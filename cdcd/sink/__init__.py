@@ -13,8 +13,8 @@ from cdcd.sink.topics import (
     ensure_topics,
     message_topic,
     schemas_topic,
-    standard_topic_specs,
     table_topic,
+    topic_spec,
     transaction_topic,
 )
 
@@ -29,7 +29,7 @@ __all__ = [
     "ensure_topics",
     "message_topic",
     "schemas_topic",
-    "standard_topic_specs",
     "table_topic",
+    "topic_spec",
     "transaction_topic",
 ]

@@ -89,6 +89,10 @@ PRODUCER_DEFAULTS: Mapping[str, str | int | float | bool] = {
 
 _BLOCK_POLL_S = 0.05
 _BLOCK_WARN_S = 10.0
+#: Delivery reports of messages :meth:`KafkaSink.close` purged: not a Kafka failure.
+_PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+#: The topic counted for a failed report that comes without its message.
+UNKNOWN_TOPIC = "unknown"
 
 
 class ProducerFatalError(TransientError):
@@ -297,6 +301,13 @@ class KafkaSink:
     :data:`~cdcd.sink.reporter.KAFKA_REPORTER`), which logs each distinct
     error once with repeat counts; while it knows of an outage, the first
     successful delivery tells it Kafka is reachable again.
+
+    ``on_failed_delivery(topic)`` is called once for every message that did
+    not reach Kafka: a failed delivery report (through :meth:`delivery_failure`,
+    the tracker's classifier) or a ``produce()`` that raised. Messages purged
+    by :meth:`close` are not counted: cdcd abandoned them, Kafka did not
+    refuse them, and they are replayed after the restart. The daemon passes
+    ``Metrics.delivery_error`` (``cdcd_delivery_errors_total``).
     """
 
     def __init__(
@@ -307,6 +318,7 @@ class KafkaSink:
         on_stats: Callable[[dict[str, Any]], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         reporter: KafkaLogReporter | None = None,
+        on_failed_delivery: Callable[[str], None] | None = None,
     ) -> None:
         self._reporter = reporter if reporter is not None else KAFKA_REPORTER
         config = dict(producer_config)
@@ -320,10 +332,7 @@ class KafkaSink:
         self.create_topics = create_topics
         self._should_stop = should_stop
         self._fatal: KafkaError | None = None
-        self.last_error: KafkaError | None = None
-        """The last broker-level error reported by librdkafka's ``error_cb``."""
-        self.last_error_at: float | None = None
-        """``time.monotonic()`` of :attr:`last_error`."""
+        self._count_failure = on_failed_delivery
         self.blocked_s = 0.0
         """Seconds :meth:`produce` spent waiting for local queue space (backpressure)."""
         self.blocked_count = 0
@@ -427,6 +436,8 @@ class KafkaSink:
     def _produce_error(
         self, exc: KafkaException, topic: str, key: bytes | None, value: bytes | None
     ) -> CdcdError:
+        if self._count_failure is not None:
+            self._count_failure(topic)
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if err is None:
             return TransientError(f"producing to {topic!r} failed: {exc}")
@@ -434,7 +445,17 @@ class KafkaSink:
         return classify_delivery_error(err, topic, create_topics=self.create_topics, size=size)
 
     def delivery_failure(self, err: Any, msg: Any) -> BaseException:
-        """Classifier for :class:`cdcd.ack.AckTracker` that knows ``create_topics``."""
+        """Classifier for :class:`cdcd.ack.AckTracker` that knows ``create_topics``.
+
+        The tracker calls it for every failed delivery report, so the failure
+        is counted here (``on_failed_delivery``), under the message's topic.
+        """
+        count = self._count_failure
+        if count is not None and not (
+            isinstance(err, KafkaError) and err.code() in _PURGE_CODES
+        ):
+            topic = msg.topic() if msg is not None else None
+            count(topic if topic else UNKNOWN_TOPIC)
         return classify_delivery_report(err, msg, create_topics=self.create_topics)
 
     # ------------------------------------------------------------ reports
@@ -505,8 +526,6 @@ class KafkaSink:
         error makes this producer unusable (:meth:`raise_if_fatal`). Logged
         through the reporter: once per distinct error, with repeat counts.
         """
-        self.last_error = err
-        self.last_error_at = time.monotonic()
         if err.fatal():
             self._fatal = err
         self._reporter.kafka_error(err, fatal_what="Kafka producer")

@@ -4,7 +4,8 @@ cdcd creates the topics it writes to before the first message (when
 ``kafka.create_topics`` is true) rather than relying on the broker's
 auto-creation: auto-created topics get the broker's default partition count and
 no compaction, and ``<prefix>._schemas`` must be compacted (SPEC §6) so that
-every writer schema stays readable forever.
+every writer schema stays readable forever. :func:`topic_spec` says how each
+topic is created.
 
 Creation is idempotent and tolerant of concurrent creators (a second cdcd, or
 a restart racing a slow controller): ``TOPIC_ALREADY_EXISTS`` counts as
@@ -53,8 +54,8 @@ __all__ = [
     "ensure_topics",
     "message_topic",
     "schemas_topic",
-    "standard_topic_specs",
     "table_topic",
+    "topic_spec",
     "transaction_topic",
 ]
 
@@ -134,34 +135,24 @@ def message_topic(prefix: str) -> str:
     return f"{prefix}.message"
 
 
-def standard_topic_specs(
-    kafka: KafkaConfig,
-    tables: Iterable[tuple[str, str]],
-    *,
-    schemas: bool,
-    messages: bool = True,
-) -> list[TopicSpec]:
-    """Every topic a pipeline writes to.
+def topic_spec(kafka: KafkaConfig, name: str) -> TopicSpec:
+    """How cdcd creates topic ``name``: decided by which of its topics it is.
 
-    Table topics and ``<prefix>.message`` get ``kafka.partitions``;
-    ``<prefix>._schemas`` (when ``schemas``: no registry) and
-    ``<prefix>.transaction`` (when ``kafka.transaction_records``) get one
-    partition, so that their records keep one total order;
-    ``_schemas`` is compacted.
+    ``<prefix>.transaction`` and ``<prefix>.message`` get one partition: each
+    carries one global order (commit order, emission order) that more
+    partitions would lose. ``<prefix>._schemas`` gets one partition and is
+    compacted (SPEC §6). Any other name cdcd writes to is a table topic and
+    gets ``kafka.partitions``: a table topic always has two components after
+    the prefix (:func:`table_topic`), so it never equals one of the three
+    above, whatever the table is called (``public.transaction`` included).
     """
     prefix = kafka.topic_prefix
     rf = kafka.replication_factor
-    specs = [
-        TopicSpec(table_topic(prefix, schema, table), kafka.partitions, rf)
-        for schema, table in tables
-    ]
-    if schemas:
-        specs.append(TopicSpec(schemas_topic(prefix), 1, rf, {"cleanup.policy": "compact"}))
-    if kafka.transaction_records:
-        specs.append(TopicSpec(transaction_topic(prefix), 1, rf))
-    if messages:
-        specs.append(TopicSpec(message_topic(prefix), kafka.partitions, rf))
-    return specs
+    if name == schemas_topic(prefix):
+        return TopicSpec(name, 1, rf, {"cleanup.policy": "compact"})
+    if name in (transaction_topic(prefix), message_topic(prefix)):
+        return TopicSpec(name, 1, rf)
+    return TopicSpec(name, kafka.partitions, rf)
 
 
 # --------------------------------------------------------------------- admin

@@ -152,7 +152,7 @@ class SignalTable:
     def _query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         """``db.query`` with errors that name the signal table and what to do."""
         try:
-            return self.db.query(sql, params)
+            return self.db.query(sql, params, passthrough=(psycopg2.Error,))
         except psycopg2.errors.UndefinedTable as exc:
             raise SignalTableGone(
                 f"the snapshot signal table {self.name} is gone: {query_error(exc)}",
@@ -190,7 +190,8 @@ class SignalTable:
         created = False
         if not self.exists():
             try:
-                self.db.query(DDL.format(table=self.sql))
+                refused = (psycopg2.errors.InsufficientPrivilege, psycopg2.errors.InvalidSchemaName)
+                self.db.query(DDL.format(table=self.sql), passthrough=refused)
             except (psycopg2.errors.InsufficientPrivilege, psycopg2.errors.InvalidSchemaName) as exc:
                 raise SignalTableUnavailable(
                     f"cannot create the signal table {self.name}: {str(exc).strip().splitlines()[0]}",

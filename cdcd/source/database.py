@@ -80,6 +80,82 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+# SQLSTATEs of a connection that is gone (besides class 08 and errors without
+# one): shutdown, crash, the server not accepting connections yet, timeouts
+# that end the session.
+_CONNECTION_GONE = frozenset({"57P01", "57P02", "57P03", "57P05", "25P03"})
+# Retrying the statement may succeed: cancelled (statement_timeout, a
+# cancel), lock_timeout, serialization failure and deadlock (class 40), and
+# the server short of a resource (class 53) other than a configured limit.
+_RETRYABLE = frozenset({"57014", "55P03"})
+_TABLE_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"})
+_DENIED = re.compile(
+    r"permission denied for (table|view|materialized view|foreign table|relation|sequence|"
+    r"schema|function|procedure|database|large object) (\S+)"
+)
+
+
+def query_failure(
+    exc: psycopg2.Error, sql: str, purpose: str | None = None, user: str = "the cdcd role"
+) -> CdcdError:
+    """cdcd's error for a failed statement (see :meth:`SourceDatabase.query`).
+
+    Connection lost, cancelled, lock timeout, serialization failure:
+    TransientError. Missing privilege: DefiniteError naming the privilege and
+    what the statement was for. Anything else (syntax, data, internal
+    errors): DefiniteError with the server's first line -- a bug in cdcd or a
+    server it does not support.
+    """
+    code = exc.pgcode or ""
+    message = _first_line(exc)
+    doing = purpose or "run " + " ".join(sql.split())[:80]
+    if (
+        isinstance(exc, psycopg2.InterfaceError)
+        or (isinstance(exc, psycopg2.OperationalError) and not code)
+        or code.startswith("08")
+        or code in _CONNECTION_GONE
+    ):
+        return TransientError(f"PostgreSQL connection lost: {message}")
+    if code in _RETRYABLE or code.startswith("40") or (code.startswith("53") and code != "53400"):
+        return TransientError(f"PostgreSQL could not {doing} now, retrying: {message}")
+    if isinstance(exc, psycopg2.errors.InsufficientPrivilege):
+        return DefiniteError(
+            f"PostgreSQL role {user} may not {doing}: {message}",
+            hint=_privilege_hint(sql, message, user),
+        )
+    if code == "53400":  # configuration_limit_exceeded, e.g. all replication slots in use
+        return DefiniteError(
+            f"cannot {doing}: {message}",
+            hint="raise the server setting the message names, or free what uses it up",
+        )
+    sqlstate = f" (SQLSTATE {code})" if code else ""
+    return DefiniteError(
+        f"PostgreSQL rejected the statement to {doing}: {message}{sqlstate}",
+        hint="this is a bug in cdcd or a server version it does not support; "
+        "report it with the server version",
+    )
+
+
+def _privilege_hint(sql: str, message: str, user: str) -> str:
+    if "replication role" in message or "REPLICATION attribute" in message:
+        return f"ALTER ROLE {user} REPLICATION (as a superuser)"
+    denied = _DENIED.search(message)
+    if denied is None:
+        return f"grant {user} what the server names, or run cdcd as a role that has it"
+    kind, name = denied.groups()
+    verb = sql.split(None, 1)[0].upper() if sql.strip() else ""
+    if kind in ("function", "procedure"):
+        return f"GRANT EXECUTE ON {kind.upper()} {name} TO {user}"
+    if kind in ("schema", "database"):
+        privilege = "CREATE" if verb == "CREATE" else ("USAGE" if kind == "schema" else "CONNECT")
+        return f"GRANT {privilege} ON {kind.upper()} {name} TO {user}"
+    if kind == "large object":
+        return f"GRANT SELECT ON LARGE OBJECT {name} TO {user}"
+    privilege = verb if verb in _TABLE_PRIVILEGES else "SELECT"
+    on = "SEQUENCE" if kind == "sequence" else "TABLE"
+    return f"GRANT {privilege} ON {on} {name} TO {user}"
+
+
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -418,13 +494,40 @@ class SourceDatabase:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    def query(
+        self,
+        sql: str,
+        params: Any = None,
+        *,
+        purpose: str | None = None,
+        passthrough: tuple[type[psycopg2.Error], ...] = (),
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement; its rows (none if it returns none).
+
+        A psycopg2 error comes out as cdcd's (the original as ``__cause__``),
+        see :func:`query_failure`; ``purpose`` (``"read table x"``) names what
+        the statement is for in the message. ``passthrough``: errors of these
+        classes that would be definite are raised unchanged, for callers that
+        explain them better; connection loss and retryable errors are mapped
+        regardless.
+        """
         try:
             with self.conn.cursor() as cur:
                 cur.execute(sql, params)
                 return list(cur.fetchall()) if cur.description else []
-        except psycopg2.OperationalError as exc:
-            raise TransientError(f"PostgreSQL connection lost: {_first_line(exc)}") from exc
+        except psycopg2.Error as exc:
+            failure = query_failure(exc, sql, purpose, self._user)
+            if isinstance(failure, DefiniteError) and isinstance(exc, passthrough):
+                raise
+            raise failure from exc
+
+    @property
+    def _user(self) -> str:
+        """The role this connection runs as, from libpq (no round trip)."""
+        try:
+            return str(self.conn.info.user)
+        except psycopg2.Error:
+            return "the cdcd role"
 
     def scalar(self, sql: str, params: Any = None) -> Any:
         rows = self.query(sql, params)
@@ -790,15 +893,26 @@ class SourceDatabase:
                     f"pg_create_logical_replication_slot('{slot}', 'pgoutput')",
                 )
 
+            # Explained below: created concurrently, or the server cannot have slots.
+            explained = (
+                psycopg2.errors.DuplicateObject,
+                psycopg2.errors.ObjectNotInPrerequisiteState,
+            )
+
             def create_slot() -> None:
                 if two_phase:
                     self.query(
                         "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
                         (slot,),
+                        purpose=f"create replication slot {slot}",
+                        passthrough=explained,
                     )
                 else:
                     self.query(
-                        "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
+                        "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                        (slot,),
+                        purpose=f"create replication slot {slot}",
+                        passthrough=explained,
                     )
 
             try:

@@ -73,7 +73,7 @@ from fastavro import parse_schema, schemaless_reader
 
 from cdcd.envelope.schemas import ORIGINAL_NAME_ATTRIBUTE, avro_namespace
 from cdcd.envelope.wire import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
-from cdcd.errors import DefiniteError
+from cdcd.errors import CdcdError, DefiniteError, TransientError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -906,6 +906,66 @@ def header_summary(raw: DataFrame) -> list[HeaderUse]:
     ]
 
 
+# ----------------------------------------------------------------------------- registry
+
+
+def _registry_status(exc: BaseException) -> int | None:
+    """The HTTP status of the registry's answer, or None if ``exc`` is not an answer."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    return exc.http_status_code if isinstance(exc, SchemaRegistryError) else None
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """Whether the registry request failed before any answer: connection, timeout, TLS.
+
+    The registry client raises SchemaRegistryError for every answer; without
+    one it raises its HTTP library's errors: httpx's or httpx2's
+    ``TransportError`` (which cdcd does not import: the client picks the
+    library) or, with older clients, requests' errors, which are OSErrors.
+    """
+    if isinstance(exc, OSError):
+        return True
+    return any(
+        cls.__name__ == "TransportError" and cls.__module__.partition(".")[0] in ("httpx", "httpx2")
+        for cls in type(exc).__mro__
+    )
+
+
+def _registry_error(exc: Exception, what: str) -> CdcdError | None:
+    """Classify a failed registry lookup of ``what`` (e.g. ``schema id 7``).
+
+    Not found (404) is definite: the message cannot be decoded without it.
+    No answer, a timeout (408), throttling (429) or a server error (5xx) is
+    transient: the registry may answer later, so the lookup is retried (the
+    catalog caches only what it found; the Spark task fails and is retried,
+    or the mirror exits 1). Refused credentials and other client errors are
+    definite. None: ``exc`` is neither an answer nor a failure to get one
+    (a bug), for the caller to raise as it is.
+    """
+    status = _registry_status(exc)
+    if status is None:
+        if _no_answer(exc):
+            return TransientError(
+                f"the schema registry did not answer the lookup of {what}: "
+                f"{type(exc).__name__}: {exc}"
+            )
+        return None
+    if status == 404:
+        return DefiniteError(
+            f"{what} not found in the schema registry: {exc}",
+            hint="was the topic written by cdcd with this schema_registry.url?",
+        )
+    if status in (408, 429) or status >= 500:
+        return TransientError(f"the schema registry failed the lookup of {what}: {exc}")
+    if status in (401, 403):
+        return DefiniteError(
+            f"the schema registry refused the lookup of {what}: {exc}",
+            hint="check the credentials in schema_registry.config",
+        )
+    return DefiniteError(f"the schema registry rejected the lookup of {what}: {exc}")
+
+
 # ----------------------------------------------------------------------------- catalog
 
 
@@ -1029,10 +1089,11 @@ class SchemaCatalog:
             schema_id = int.from_bytes(header[1:5], "big")
             try:
                 registered = self._registry().get_schema(schema_id)
-            except Exception as exc:  # the registry client raises many kinds
-                raise DefiniteError(
-                    f"schema id {schema_id} not found in the schema registry: {exc}"
-                ) from exc
+            except Exception as exc:  # the client raises its HTTP library's errors too
+                error = _registry_error(exc, f"schema id {schema_id}")
+                if error is None:
+                    raise
+                raise error from exc
             schema: dict[str, Any] = json.loads(registered.schema_str)
             self._schemas[header] = schema
             return schema
@@ -1052,12 +1113,16 @@ class SchemaCatalog:
         streaming query's schema is fixed when it starts).
         """
         if self.uses_registry:
-            from confluent_kafka.schema_registry.error import SchemaRegistryError
-
+            subject = f"{topic}-value"
             try:
-                registered = self._registry().get_latest_version(f"{topic}-value")
-            except SchemaRegistryError:
-                return None
+                registered = self._registry().get_latest_version(subject)
+            except Exception as exc:  # the client raises its HTTP library's errors too
+                if _registry_status(exc) == 404:
+                    return None  # nothing registered for the topic yet
+                error = _registry_error(exc, f"subject {subject}")
+                if error is None:
+                    raise
+                raise error from exc
             header = CONFLUENT_MAGIC + int(registered.schema_id).to_bytes(4, "big")
             schema: dict[str, Any] = json.loads(registered.schema.schema_str)
             self._schemas[header] = schema

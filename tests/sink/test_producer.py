@@ -51,8 +51,8 @@ from cdcd.sink import (
     classify_delivery_error,
     ensure_topics,
     schemas_topic,
-    standard_topic_specs,
     table_topic,
+    topic_spec,
 )
 from cdcd.sink.producer import PRODUCER_DEFAULTS
 
@@ -218,7 +218,7 @@ def test_table_topic_names() -> None:
         assert all(c.isascii() and (c.isalnum() or c in "._-") for c in name), name
 
 
-def test_standard_topic_specs() -> None:
+def test_topic_spec_by_what_the_topic_is() -> None:
     kafka = KafkaConfig(
         bootstrap_servers="b:1",
         topic_prefix="app",
@@ -226,16 +226,17 @@ def test_standard_topic_specs() -> None:
         replication_factor=3,
         transaction_records=True,
     )
-    specs = {s.name: s for s in standard_topic_specs(kafka, [("public", "t")], schemas=True)}
-    assert specs["app.public.t"] == TopicSpec("app.public.t", 4, 3)
-    assert specs["app._schemas"].config == {"cleanup.policy": "compact"}
-    assert specs["app._schemas"].partitions == 1
-    assert specs["app.transaction"].partitions == 1
-    assert specs["app.message"].partitions == 4
-    plain = standard_topic_specs(
-        KafkaConfig(bootstrap_servers="b:1"), [], schemas=False, messages=False
+    assert topic_spec(kafka, "app.public.t") == TopicSpec("app.public.t", 4, 3)
+    assert topic_spec(kafka, "app._schemas") == TopicSpec(
+        "app._schemas", 1, 3, {"cleanup.policy": "compact"}
     )
-    assert plain == []
+    # Transaction records and logical messages each carry one global order.
+    assert topic_spec(kafka, "app.transaction") == TopicSpec("app.transaction", 1, 3)
+    assert topic_spec(kafka, "app.message") == TopicSpec("app.message", 1, 3)
+    # Tables named like the auxiliary topics are tables: kafka.partitions.
+    for schema, table in [("public", "transaction"), ("public", "message"), ("x", "_schemas")]:
+        name = table_topic("app", schema, table)
+        assert topic_spec(kafka, name) == TopicSpec(name, 4, 3)
 
 
 def test_admin_config_keeps_security_drops_producer_tuning() -> None:
@@ -631,7 +632,7 @@ def test_schemas_topic_is_compacted(broker: LocalBroker, caplog: pytest.LogCaptu
 
     prefix = f"t{uuid.uuid4().hex[:8]}"
     kafka = KafkaConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix=prefix)
-    specs = standard_topic_specs(kafka, [("public", "orders")], schemas=True)
+    specs = [topic_spec(kafka, schemas_topic(prefix)), topic_spec(kafka, f"{prefix}.public.orders")]
     created = ensure_topics(broker.bootstrap_servers, specs, 10)
     assert schemas_topic(prefix) in created
     assert f"{prefix}.public.orders" in created

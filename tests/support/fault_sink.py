@@ -163,7 +163,7 @@ class FaultSink:
         pipeline would block forever)."""
         self.blocked_s = 0.0
         self.blocked_count = 0
-        self.last_error: KafkaError | None = None
+        self.last_error: KafkaError | None = None  # what the fault made the broker say
 
     # ------------------------------------------------------------ faults
 

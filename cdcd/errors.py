@@ -23,34 +23,30 @@ class TransientError(CdcdError):
     """Retrying later may succeed; progress resumes from the last confirmed LSN."""
 
 
-class StartupRetriesExhausted(CdcdError):
+class HintedError(CdcdError):
+    """An error whose one line ends with ``hint``: what the operator should do."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base}; {self.hint}" if self.hint else base
+
+
+class StartupRetriesExhausted(HintedError):
     """Transient failures lasted the whole startup retry window (exit code 1).
 
     Not definite: an unreachable server may come back, so a supervisor's
     restart may cure it.
     """
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
-    def __str__(self) -> str:
-        base = super().__str__()
-        return f"{base}; {self.hint}" if self.hint else base
-
-
-class DefiniteError(CdcdError):
+class DefiniteError(HintedError):
     """Retrying cannot help (exit code 3). ``hint`` names what the operator must change."""
 
     exit_code = 3
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-    def __str__(self) -> str:
-        base = super().__str__()
-        return f"{base}; {self.hint}" if self.hint else base
 
 
 class ConfigError(DefiniteError):

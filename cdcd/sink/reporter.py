@@ -74,7 +74,8 @@ _OUTAGE_CODES = frozenset(
         KafkaError._TIMED_OUT,
     }
 )
-_AUTH_CODES = frozenset(
+#: error_cb codes that mean the broker refused cdcd's credentials or TLS.
+AUTH_CODES = frozenset(
     {
         KafkaError.SASL_AUTHENTICATION_FAILED,
         KafkaError._AUTHENTICATION,
@@ -164,7 +165,7 @@ class KafkaLogReporter:
                 key=f"fatal {err.name()} {err.str()}",
                 error_cb=True,
             )
-        elif code in _AUTH_CODES:
+        elif code in AUTH_CODES:
             self.report(
                 logging.ERROR,
                 f"Kafka authentication/TLS error: {err.str()}",

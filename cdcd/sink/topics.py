@@ -45,7 +45,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit 
 
 from cdcd.config.model import KafkaConfig
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
-from cdcd.sink.reporter import KAFKA_REPORTER, KafkaLogReporter
+from cdcd.sink.reporter import AUTH_CODES, KAFKA_REPORTER, KafkaLogReporter
 
 __all__ = [
     "TopicSpec",
@@ -227,24 +227,13 @@ class _Admin:
             # authentication failure behind a metadata timeout is reported there.
             self.client.poll(0)
         for seen in [*self.errors, *([err] if err is not None else [])]:
-            if seen.code() in _AUTH_CODES:
+            if seen.code() in AUTH_CODES:
                 return DefiniteError(
                     f"cannot authenticate to {self.where}: {seen.str()}",
                     hint="check security.protocol and the ssl.*/sasl.* properties in kafka.producer",
                 )
         detail = err.str() if err is not None else str(exc)
         return TransientError(f"cannot reach {self.where} within {timeout_s:g} s: {detail}")
-
-
-_AUTH_CODES = frozenset(
-    {
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-        KafkaError._AUTHENTICATION,
-        KafkaError.ILLEGAL_SASL_STATE,
-        KafkaError.UNSUPPORTED_SASL_MECHANISM,
-        KafkaError._SSL,
-    }
-)
 
 
 def check_broker(
@@ -410,7 +399,7 @@ def _topic_error(err: KafkaError, spec: TopicSpec, brokers: int) -> CdcdError:
             hint="a broker create-topic policy rejects it; create the topic yourself "
             "and set kafka.create_topics: false",
         )
-    if code in _AUTH_CODES:
+    if code in AUTH_CODES:
         return DefiniteError(
             what, hint="check security.protocol and the ssl.*/sasl.* properties in kafka.producer"
         )

@@ -15,8 +15,8 @@ from cdcd.config.model import CdcdConfig, redact_dsn
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.schemas import envelope_schema, key_schema
 from cdcd.errors import CdcdError, ConfigError
+from cdcd.naming import split_table, table_topic
 from cdcd.observability.http import parse_listen
-from cdcd.sink.topics import table_topic
 from cdcd.snapshot.store import SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import (
@@ -34,7 +34,6 @@ from cdcd.source.database import (
     missing_tables_error,
     refusal_error,
     relation_from_catalog,
-    split_table,
 )
 from cdcd.source.slot_holder import SlotHolder, slot_holder, slot_in_use
 

@@ -62,6 +62,15 @@ from cdcd.daemon import Daemon
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
 from cdcd.local import BrokerSetupError, LocalBroker, LocalPostgres, PostgresSetupError
 from cdcd.local.workload import orders_ddl
+from cdcd.naming import (
+    LSN_HEADER,
+    SEQ_HEADER,
+    SINGLE_OBJECT_MAGIC,
+    message_topic,
+    schemas_topic,
+    table_topic,
+    transaction_topic,
+)
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.lsn import Lsn
 
@@ -601,7 +610,7 @@ class SchemaBook:
     """
 
     def __init__(self, bootstrap: str, prefix: str) -> None:
-        self._topic = f"{prefix}._schemas"
+        self._topic = schemas_topic(prefix)
         self._consumer = _consumer(bootstrap)
         self._assigned = False
         self._schemas: dict[str, Any] = {}
@@ -638,7 +647,7 @@ class SchemaBook:
 
     def decode(self, data: bytes) -> dict[str, Any]:
         """Decode single-object encoding: ``C3 01``, 8-byte fingerprint, Avro binary."""
-        if data[:2] != b"\xc3\x01":
+        if data[:2] != SINGLE_OBJECT_MAGIC:
             raise DefiniteError(f"not Avro single-object encoding: {data[:10]!r}")
         schema = self.get(data[2:10].hex())
         record = fastavro.schemaless_reader(io.BytesIO(data[10:]), schema, None)
@@ -686,9 +695,9 @@ class ChangeFeed:
 
     def _discover(self) -> None:
         special = {
-            f"{self._prefix}._schemas",
-            f"{self._prefix}.transaction",
-            f"{self._prefix}.message",
+            schemas_topic(self._prefix),
+            transaction_topic(self._prefix),
+            message_topic(self._prefix),
         }
         metadata = self._consumer.list_topics(timeout=5)
         new: list[Any] = []
@@ -717,8 +726,8 @@ class ChangeFeed:
 
     def _add(self, msg: Any) -> None:
         headers = dict(msg.headers() or [])
-        lsn = int(Lsn.parse(headers["cdcd.lsn"].decode("ascii")))
-        seq = int(headers["cdcd.seq"])
+        lsn = int(Lsn.parse(headers[LSN_HEADER].decode("ascii")))
+        seq = int(headers[SEQ_HEADER])
         value = msg.value()
         if value is None:
             self.tombstones += 1  # a delete's tombstone, for log compaction
@@ -973,8 +982,8 @@ class Demo:
         out.line()
         out.line(f"  {'metrics':<9}{server.url}/metrics   (and /healthz, /readyz)")
         out.line(
-            f"  {'topics':<9}{PREFIX}.public.customers, {PREFIX}.public.orders; "
-            f"writer schemas in {PREFIX}._schemas"
+            f"  {'topics':<9}{table_topic(PREFIX, 'public', 'customers')}, "
+            f"{table_topic(PREFIX, 'public', 'orders')}; writer schemas in {schemas_topic(PREFIX)}"
         )
         if shutil.which("psql"):
             out.line(f'  {"psql":<9}psql "{pg.dsn(DATABASE)}"   (your own changes show up too)')

@@ -76,17 +76,15 @@ from collections.abc import Callable
 from typing import Any
 
 from cdcd.protocol.lsn import Lsn
-from cdcd.sink.producer import classify_delivery_report
 
-__all__ = ["AckTracker", "DeliveryClassifier", "Hold", "TxnTicket", "default_classifier"]
+__all__ = ["AckTracker", "DeliveryClassifier", "Hold", "TxnTicket"]
 
 DeliveryClassifier = Callable[[Any, Any], BaseException]
-"""Turns a delivery report's ``(err, msg)`` into the exception stored as :attr:`AckTracker.failure`."""
+"""Turns a delivery report's ``(err, msg)`` into the exception stored as :attr:`AckTracker.failure`.
 
-
-def default_classifier(err: Any, msg: Any) -> BaseException:
-    """:func:`cdcd.sink.producer.classify_delivery_report` for topics cdcd does not manage."""
-    return classify_delivery_report(err, msg)
+Kafka's error codes are the sink's business, not the tracker's: the pipeline
+passes ``KafkaSink.delivery_failure``; without a sink at hand,
+``cdcd.sink.producer.classify_delivery_report`` is the plain one."""
 
 
 class Hold:
@@ -210,9 +208,9 @@ class AckTracker:
 
     ``start`` is the slot's ``confirmed_flush_lsn``. ``on_complete`` is the
     latency hook. ``classify`` turns a failed delivery report ``(err, msg)``
-    into the exception kept as :attr:`failure` (default:
-    :func:`default_classifier`; the pipeline passes its sink's classifier so
-    that the error knows whether topics are managed by cdcd). It is called
+    into the exception kept as :attr:`failure` (required, so that ack does not
+    depend on the sink; the pipeline passes its sink's classifier, which knows
+    whether topics are managed by cdcd). It is called
     once for every failed report, not only the first: the sink counts
     failures there (``cdcd_delivery_errors_total``).
     """
@@ -235,8 +233,8 @@ class AckTracker:
         self,
         start: Lsn,
         *,
+        classify: DeliveryClassifier,
         on_complete: Callable[[TxnTicket], None] | None = None,
-        classify: DeliveryClassifier | None = None,
     ) -> None:
         self._confirmed = Lsn(start)
         self._reached = Lsn(start)  # frontier of delivered work, ignoring holds
@@ -248,9 +246,7 @@ class AckTracker:
         self._failure: BaseException | None = None
         self._failed_ticket: TxnTicket | None = None
         self._on_complete = on_complete
-        self._classify: DeliveryClassifier = (
-            classify if classify is not None else default_classifier
-        )
+        self._classify: DeliveryClassifier = classify
 
     # ------------------------------------------------------------ public API
 

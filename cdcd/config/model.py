@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from cdcd.config.dsn import redact_dsn as redact_dsn
 from cdcd.config.dsn import substitute_dsn
 from cdcd.errors import ConfigError
+from cdcd.naming import parse_table
 
-_TABLE = re.compile(r'^("?[^".]+"?)\.("?[^".]+"?)$')
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 #: librdkafka producer properties that hold secrets (passwords, client
 #: secrets, OAuth config, an inline private key).
@@ -88,10 +88,17 @@ class PostgresConfig(_Model):
         if tables is None:
             return None
         names = [entry if isinstance(entry, str) else entry.name for entry in tables]
+        parsed = []
         for name in names:
-            if not _TABLE.match(name):
-                raise ValueError(f"{name!r} is not schema.table")
-        if len(set(names)) != len(names):
+            qualified = parse_table(name)
+            if qualified is None:
+                raise ValueError(
+                    f"{name!r} is not schema.table (double-quote a name containing "
+                    '"." or \'"\'; a " inside quotes is written "")'
+                )
+            parsed.append(qualified)
+        # Compared as names, not spellings: public.t and "public".t are one table.
+        if len(set(parsed)) != len(parsed):
             raise ValueError("tables are listed twice")
         return tables
 
@@ -104,8 +111,11 @@ class PostgresConfig(_Model):
 
     def table_config(self, name: str) -> TableConfig:
         """The per-table settings of ``name`` (defaults for a plain string entry)."""
+        wanted = parse_table(name)
         for entry in self.tables or ():
-            if isinstance(entry, TableConfig) and entry.name == name:
+            if isinstance(entry, TableConfig) and (
+                entry.name == name or (wanted is not None and parse_table(entry.name) == wanted)
+            ):
                 return entry
         return TableConfig(name=name)
 

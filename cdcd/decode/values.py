@@ -108,8 +108,7 @@ from struct import Struct
 from struct import error as StructError
 from typing import Any
 
-from cdcd.decode.types import PgType, TypeCatalog
-from cdcd.envelope.avro_binary import (
+from cdcd.avro.binary import (
     EMPTY_ARRAY,
     FALSE,
     NULL_BRANCH,
@@ -119,6 +118,7 @@ from cdcd.envelope.avro_binary import (
     encode_array,
     encode_long,
 )
+from cdcd.decode.types import PgType, TypeCatalog
 
 __all__ = [
     "DATE_MAX",

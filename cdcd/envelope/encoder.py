@@ -33,8 +33,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from cdcd import __version__
-from cdcd.decode.relations import TableVersion
-from cdcd.envelope.avro_binary import (
+from cdcd.avro.binary import (
     EMPTY_ARRAY,
     FALSE,
     NULL_BRANCH,
@@ -44,10 +43,12 @@ from cdcd.envelope.avro_binary import (
     encode_long,
     encode_string,
 )
+from cdcd.decode.relations import TableVersion
 from cdcd.envelope.rowcode import compile_key_encoder, compile_row_encoder
 from cdcd.envelope.schemas import envelope_schema, key_schema
 from cdcd.envelope.wire import WireFormat
 from cdcd.errors import EncodeError
+from cdcd.naming import table_topic
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import (
     KIND_BINARY,
@@ -56,7 +57,6 @@ from cdcd.protocol.messages import (
     KIND_UNCHANGED_TOAST,
     TupleData,
 )
-from cdcd.sink.topics import table_topic
 
 OP_CREATE = encode_string("c")
 OP_UPDATE = encode_string("u")

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from cdcd.decode.values import bool_from_text, encode_text_value, int_from_text
-from cdcd.envelope.avro_binary import (
+from cdcd.avro.binary import (
     FALSE,
     NULL_BRANCH,
     TRUE,
@@ -26,6 +25,7 @@ from cdcd.envelope.avro_binary import (
     VARINT_MORE,
     encode_long,
 )
+from cdcd.decode.values import bool_from_text, encode_text_value, int_from_text
 from cdcd.protocol.messages import KIND_BINARY, KIND_TEXT, KIND_UNCHANGED_TOAST, TupleData
 
 Converter = Callable[[bytes], bytes]

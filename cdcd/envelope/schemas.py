@@ -21,9 +21,9 @@ import re
 from typing import Any
 
 from cdcd.decode.relations import TableVersion
+from cdcd.naming import ORIGINAL_NAME_ATTRIBUTE
 
 _INVALID = re.compile(r"[^A-Za-z0-9_]")
-ORIGINAL_NAME_ATTRIBUTE = "cdcd.column"
 CONNECTOR = "cdcd"
 
 SOURCE_SCHEMA: dict[str, Any] = {

@@ -21,10 +21,9 @@ from typing import Any, Literal, Protocol
 from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from cdcd.errors import DefiniteError, TransientError
+from cdcd.naming import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 
 Role = Literal["key", "value"]
-SINGLE_OBJECT_MAGIC = b"\xc3\x01"
-CONFLUENT_MAGIC = b"\x00"
 
 _EMPTY64 = 0xC15D213AA4D7A795
 

@@ -1,6 +1,6 @@
 """The publisher: committed transactions in, Kafka messages out, tickets for the tracker.
 
-It implements ``cdcd.decode.transactions.ChangeSink``. For each transaction it
+It implements ``cdcd.pipeline.transactions.ChangeSink``. For each transaction it
 opens a ticket with the ack tracker, produces every message with that
 ticket's delivery callback and the ``cdcd.lsn``/``cdcd.seq`` headers, and
 seals the ticket with the commit's end LSN, so the slot is confirmed only once
@@ -55,6 +55,14 @@ from cdcd.envelope.records import (
 )
 from cdcd.envelope.wire import WireFormat
 from cdcd.errors import DefiniteError
+from cdcd.naming import (
+    HEARTBEAT_PREFIX,
+    LSN_HEADER,
+    SEQ_HEADER,
+    WATERMARK_PREFIX,
+    message_topic,
+    transaction_topic,
+)
 from cdcd.observability.metrics import Metrics, TableMetrics
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import (
@@ -66,26 +74,21 @@ from cdcd.protocol.messages import (
     Update,
     pg_timestamp_to_unix_ms,
 )
-
-HEARTBEAT_PREFIX = "cdcd.heartbeat"
+from cdcd.snapshot.publisher import KeyRecorder
 
 
 def _seq_header(seq: int) -> tuple[str, bytes]:
     """The ``cdcd.seq`` header of the change with ordinal ``seq``."""
-    return ("cdcd.seq", b"%d" % seq)
+    return (SEQ_HEADER, b"%d" % seq)
 
 
 #: ``cdcd.seq`` headers of the first message ordinals, built once.
 _SEQ_CACHED = 4096
 _SEQ_HEADERS = [_seq_header(n) for n in range(_SEQ_CACHED)]
-#: Prefix of the low/high watermark messages of incremental snapshots.
-WATERMARK_PREFIX = "cdcd.watermark"
 Headers = list[tuple[str, bytes]]
 #: Envelope ops counted per table, in the order of the count lists.
 _OPS = ("c", "u", "d", "t")
 _C, _U, _D, _T = range(4)
-#: Told ``(xid, key)`` for each change of a watched table; key None: a truncate.
-KeyRecorder = Callable[[int, bytes | None], None]
 
 
 class Producer(Protocol):
@@ -125,8 +128,8 @@ class Publisher:
         self._metrics = metrics
         self._transaction_records = transaction_records
         self._prefix = encoder.topic_prefix
-        self._message_topic = f"{self._prefix}.message"
-        self._transaction_topic = f"{self._prefix}.transaction"
+        self._message_topic = message_topic(self._prefix)
+        self._transaction_topic = transaction_topic(self._prefix)
         self._ticket: TxnTicket | None = None
         self._stamp: TxnStamp | None = None
         self._seq = 0
@@ -202,7 +205,7 @@ class Publisher:
             raise DefiniteError("change outside a transaction", hint="this is a bug; report it")
         seq = self._seq
         headers = [
-            ("cdcd.lsn", stamp.lsn_header),
+            (LSN_HEADER, stamp.lsn_header),
             _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else _seq_header(seq),
         ]
         self._seq = seq + 1
@@ -520,7 +523,7 @@ class Publisher:
         produce = self._producer.produce
         topic = encoder.topic
         change = encoder.change
-        lsn_header = ("cdcd.lsn", stamp.lsn_header)
+        lsn_header = (LSN_HEADER, stamp.lsn_header)
         seq = self._seq
         try:
             for row in rows:

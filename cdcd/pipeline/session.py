@@ -39,22 +39,23 @@ from typing import Any
 from cdcd.ack.tracker import AckTracker, TxnTicket
 from cdcd.config.model import CdcdConfig
 from cdcd.decode.relations import RelationCache
-from cdcd.decode.transactions import TransactionAssembler
 from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat
 from cdcd.errors import CdcdError, TransientError
+from cdcd.naming import HEARTBEAT_PREFIX, schemas_topic, split_table
 from cdcd.observability import systemd
 from cdcd.observability.metrics import Metrics
-from cdcd.pipeline.publisher import HEARTBEAT_PREFIX, Publisher
+from cdcd.pipeline.publisher import Publisher
+from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, schemas_topic, topic_spec
+from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, topic_spec
 from cdcd.snapshot.incremental import IncrementalSnapshots
 from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot, create_slot_with_snapshot
 from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
-from cdcd.source.database import SourceDatabase, split_table
+from cdcd.source.database import SourceDatabase
 from cdcd.source.replication import ReplicationStream
 from cdcd.source.slot_holder import slot_holder, slot_in_use
 

@@ -11,11 +11,7 @@ from cdcd.sink.topics import (
     admin_config,
     check_broker,
     ensure_topics,
-    message_topic,
-    schemas_topic,
-    table_topic,
     topic_spec,
-    transaction_topic,
 )
 
 __all__ = [
@@ -27,9 +23,5 @@ __all__ = [
     "check_broker",
     "classify_delivery_error",
     "ensure_topics",
-    "message_topic",
-    "schemas_topic",
-    "table_topic",
     "topic_spec",
-    "transaction_topic",
 ]

@@ -4,8 +4,8 @@ cdcd creates the topics it writes to before the first message (when
 ``kafka.create_topics`` is true) rather than relying on the broker's
 auto-creation: auto-created topics get the broker's default partition count and
 no compaction, and ``<prefix>._schemas`` must be compacted (SPEC §6) so that
-every writer schema stays readable forever. :func:`topic_spec` says how each
-topic is created.
+every writer schema stays readable forever. :func:`cdcd.naming.topic_spec`
+says how each topic is created.
 
 Creation is idempotent and tolerant of concurrent creators (a second cdcd, or
 a restart racing a slow controller): ``TOPIC_ALREADY_EXISTS`` counts as
@@ -17,23 +17,14 @@ The admin client gets the user's connection and security properties (TLS,
 SASL) from ``kafka.producer``, filtered to those an admin client needs, so that
 ``cdcd check`` and topic creation authenticate like the producer does.
 
-Topic names: ``<prefix>.<schema>.<table>`` (SPEC §4). PostgreSQL identifiers
-may contain characters Kafka topic names cannot (Kafka allows ``[A-Za-z0-9._-]``,
-at most 249 characters). Such a schema or table name is rewritten with ``_``
-for each invalid character (and for ``.``, which would make
-``"a.b".c`` and ``a."b.c"`` collide) and gets a suffix of eight hex digits of a
-hash of the original name, so two different tables never share a topic; valid
-names are used unchanged.
+Topic names and the rule for each topic's shape are in :mod:`cdcd.naming`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -43,8 +34,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit 
     NewTopic,
 )
 
+from cdcd import naming
 from cdcd.config.model import KafkaConfig
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
+from cdcd.naming import TopicSpec
 from cdcd.sink.reporter import AUTH_CODES, KAFKA_REPORTER, KafkaLogReporter
 
 __all__ = [
@@ -52,18 +45,10 @@ __all__ = [
     "admin_config",
     "check_broker",
     "ensure_topics",
-    "message_topic",
-    "schemas_topic",
-    "table_topic",
     "topic_spec",
-    "transaction_topic",
 ]
 
 log = logging.getLogger(__name__)
-
-_MAX_TOPIC = 249
-_VALID_COMPONENT = re.compile(r"^[A-Za-z0-9_-]+$")
-_INVALID_CHAR = re.compile(r"[^A-Za-z0-9_-]")
 
 # Prefixes of librdkafka properties that concern connecting and authenticating,
 # which an admin client needs as much as the producer.
@@ -91,68 +76,14 @@ _ADMIN_PREFIXES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class TopicSpec:
-    """A topic cdcd writes to, as it would create it."""
-
-    name: str
-    partitions: int
-    replication_factor: int
-    config: Mapping[str, str] = field(default_factory=dict)
-
-
-# -------------------------------------------------------------------- naming
-
-
-def _component(name: str) -> str:
-    if _VALID_COMPONENT.match(name):
-        return name
-    digest = hashlib.sha1(name.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]
-    return f"{_INVALID_CHAR.sub('_', name)}_{digest}"
-
-
-def table_topic(prefix: str, schema: str, table: str) -> str:
-    """``<prefix>.<schema>.<table>``, made valid for Kafka (see the module docstring)."""
-    name = f"{prefix}.{_component(schema)}.{_component(table)}"
-    if len(name) > _MAX_TOPIC:
-        digest = hashlib.sha1(f"{schema}.{table}".encode(), usedforsecurity=False).hexdigest()[:8]
-        name = f"{name[: _MAX_TOPIC - 9]}_{digest}"
-    return name
-
-
-def schemas_topic(prefix: str) -> str:
-    """``<prefix>._schemas``: writer schemas keyed by fingerprint (no registry)."""
-    return f"{prefix}._schemas"
-
-
-def transaction_topic(prefix: str) -> str:
-    """``<prefix>.transaction``: BEGIN/END records when ``kafka.transaction_records``."""
-    return f"{prefix}.transaction"
-
-
-def message_topic(prefix: str) -> str:
-    """``<prefix>.message``: logical decoding messages (``pg_logical_emit_message``)."""
-    return f"{prefix}.message"
-
-
 def topic_spec(kafka: KafkaConfig, name: str) -> TopicSpec:
-    """How cdcd creates topic ``name``: decided by which of its topics it is.
-
-    ``<prefix>.transaction`` and ``<prefix>.message`` get one partition: each
-    carries one global order (commit order, emission order) that more
-    partitions would lose. ``<prefix>._schemas`` gets one partition and is
-    compacted (SPEC §6). Any other name cdcd writes to is a table topic and
-    gets ``kafka.partitions``: a table topic always has two components after
-    the prefix (:func:`table_topic`), so it never equals one of the three
-    above, whatever the table is called (``public.transaction`` included).
-    """
-    prefix = kafka.topic_prefix
-    rf = kafka.replication_factor
-    if name == schemas_topic(prefix):
-        return TopicSpec(name, 1, rf, {"cleanup.policy": "compact"})
-    if name in (transaction_topic(prefix), message_topic(prefix)):
-        return TopicSpec(name, 1, rf)
-    return TopicSpec(name, kafka.partitions, rf)
+    """How cdcd creates topic ``name`` under ``kafka``'s settings (the rule: :func:`cdcd.naming.topic_spec`)."""
+    return naming.topic_spec(
+        kafka.topic_prefix,
+        name,
+        table_partitions=kafka.partitions,
+        replication_factor=kafka.replication_factor,
+    )
 
 
 # --------------------------------------------------------------------- admin

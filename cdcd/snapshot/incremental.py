@@ -75,10 +75,11 @@ from cdcd.ack.tracker import TxnTicket
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import TableEncoder
 from cdcd.errors import CdcdError, DefiniteError, TransientError
+from cdcd.naming import WATERMARK_PREFIX, split_table
 from cdcd.observability.metrics import Metrics
-from cdcd.pipeline.publisher import WATERMARK_PREFIX, Publisher
 from cdcd.protocol.messages import LogicalMessage
 from cdcd.snapshot.progress import ProgressLog, TableProgress
+from cdcd.snapshot.publisher import SnapshotPublisher
 from cdcd.snapshot.rows import (
     Chunk,
     Key,
@@ -98,7 +99,7 @@ from cdcd.snapshot.store import (
     SignalTableUnavailable,
     query_error,
 )
-from cdcd.source.database import SourceDatabase, connect, split_table
+from cdcd.source.database import SourceDatabase, connect
 
 __all__ = ["ChunkWindow", "IncrementalSnapshots", "Visibility"]
 
@@ -305,7 +306,7 @@ class IncrementalSnapshots:
         signals: SignalTable,
         slot: str,
         publication: str,
-        publisher: Publisher,
+        publisher: SnapshotPublisher,
         relations: RelationCache,
         include: Callable[[str, str], bool],
         chunk_rows: int,

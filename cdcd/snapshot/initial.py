@@ -57,10 +57,10 @@ from cdcd.ack.tracker import AckTracker, TxnTicket
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import TableEncoder
 from cdcd.errors import CdcdError, DefiniteError, TransientError
-from cdcd.pipeline.publisher import Publisher
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import TupleData
 from cdcd.snapshot.progress import ProgressLog, TableProgress
+from cdcd.snapshot.publisher import SnapshotPublisher
 from cdcd.snapshot.rows import (
     CopyRowStream,
     Key,
@@ -218,7 +218,7 @@ class InitialSnapshot:
         exported: ExportedSnapshot,
         tables: list[tuple[str, str]],
         *,
-        publisher: Publisher,
+        publisher: SnapshotPublisher,
         tracker: AckTracker,
         poll: Callable[[float], Any],
         relations: RelationCache,

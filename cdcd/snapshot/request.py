@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import ConfigError, DefiniteError
+from cdcd.naming import format_table, split_table
 from cdcd.snapshot.store import SignalTable
-from cdcd.source.database import SourceDatabase, split_table
+from cdcd.source.database import SourceDatabase
 
 __all__ = ["request_snapshot"]
 
@@ -26,7 +27,7 @@ def request_snapshot(config: CdcdConfig, tables: list[str]) -> tuple[str, Signal
             schema, table = split_table(name)
         except DefiniteError as exc:
             raise ConfigError(f"--table {name!r} is not schema.table") from exc
-        names.append(f"{schema}.{table}")
+        names.append(format_table(schema, table))
     captured = {split_table(t) for t in pg.table_names} if pg.table_names else None
     with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
         signals = SignalTable(db, config.snapshot.signal_table)

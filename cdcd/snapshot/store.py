@@ -56,7 +56,8 @@ import psycopg2
 import psycopg2.errors
 
 from cdcd.errors import DefiniteError
-from cdcd.source.database import SourceDatabase, quote_ident, split_table
+from cdcd.naming import parse_table, split_table
+from cdcd.source.database import SourceDatabase, quote_ident
 
 __all__ = ["DDL", "Job", "SignalTable", "SignalTableGone", "SignalTableUnavailable"]
 
@@ -139,10 +140,11 @@ class SignalTable:
 
     def __init__(self, db: SourceDatabase, name: str) -> None:
         self.db = db
-        if "." in name:
-            self.schema, self.table = split_table(name)
-        else:
-            self.schema, self.table = str(db.scalar("SELECT current_schema()")), name
+        parsed = parse_table(name)
+        if parsed is None:
+            # A lone name is a table in the connection's current schema.
+            parsed = split_table(name, default_schema=str(db.scalar("SELECT current_schema()")))
+        self.schema, self.table = parsed
         self.sql = f"{quote_ident(self.schema)}.{quote_ident(self.table)}"
 
     @property

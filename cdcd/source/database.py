@@ -24,6 +24,7 @@ import psycopg2.extras
 from cdcd.config.dsn import redact_dsn_message
 from cdcd.config.model import PostgresConfig, redact_dsn
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
+from cdcd.naming import HEARTBEAT_PREFIX, format_table, split_table
 from cdcd.observability import systemd
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Column, Relation
@@ -158,20 +159,6 @@ def _privilege_hint(sql: str, message: str, user: str) -> str:
 
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def split_table(qualified: str) -> tuple[str, str]:
-    """``schema.table`` (each part optionally double-quoted) into its two names."""
-    match = re.match(r'^("(?:[^"]|"")+"|[^".]+)\.("(?:[^"]|"")+"|[^".]+)$', qualified)
-    if match is None:
-        raise DefiniteError(f"{qualified!r} is not schema.table", hint="fix postgres.tables")
-
-    def unquote(part: str) -> str:
-        if part.startswith('"'):
-            return part[1:-1].replace('""', '"')
-        return part
-
-    return unquote(match.group(1)), unquote(match.group(2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -674,7 +661,7 @@ class SourceDatabase:
                 action = MISSING
             elif not relation.gap():
                 action = KEEP
-            elif configured and pg.table_config(f"{schema}.{table}").replica_identity == "full":
+            elif configured and pg.table_config(format_table(schema, table)).replica_identity == "full":
                 action = SET_FULL
             elif not publishes:
                 action = HARMLESS
@@ -984,7 +971,7 @@ class SourceDatabase:
 
     # -- heartbeat ------------------------------------------------------------------
 
-    def emit_heartbeat(self, prefix: str = "cdcd.heartbeat") -> Lsn:
+    def emit_heartbeat(self, prefix: str = HEARTBEAT_PREFIX) -> Lsn:
         """A non-transactional logical message: WAL in this database, so the slot moves."""
         return Lsn.parse(
             self.scalar("SELECT pg_logical_emit_message(false, %s, '')::text", (prefix,))

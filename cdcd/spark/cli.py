@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdcd.config.model import CdcdConfig, load_config
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
-from cdcd.sink.topics import table_topic
+from cdcd.naming import split_table, table_topic, table_topic_pattern
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -118,13 +118,13 @@ def build_session(
 
 
 def _subscription(config: CdcdConfig) -> dict[str, str]:
-    from cdcd.spark.reader import kafka_options, table_topic_pattern
+    from cdcd.spark.reader import kafka_options
 
     extra = {"maxOffsetsPerTrigger": str(MAX_OFFSETS_PER_TRIGGER)}
     if config.postgres.table_names:
         topics = []
         for name in config.postgres.table_names:
-            schema, table = (part.strip('"') for part in name.split(".", 1))
+            schema, table = split_table(name)
             topics.append(table_topic(config.kafka.topic_prefix, schema, table))
         return kafka_options(config, topics=topics, extra=extra)
     return kafka_options(

@@ -71,9 +71,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fastavro import parse_schema, schemaless_reader
 
-from cdcd.envelope.schemas import ORIGINAL_NAME_ATTRIBUTE, avro_namespace
-from cdcd.envelope.wire import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
+from cdcd.envelope.schemas import avro_namespace
 from cdcd.errors import CdcdError, DefiniteError, TransientError
+from cdcd.naming import CONFLUENT_MAGIC, ORIGINAL_NAME_ATTRIBUTE, SINGLE_OBJECT_MAGIC, schemas_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -1033,7 +1033,7 @@ class SchemaCatalog:
 
     @property
     def schemas_topic(self) -> str:
-        return f"{self.prefix}._schemas"
+        return schemas_topic(self.prefix)
 
     def refresh(self) -> None:
         """Read what was published to ``<prefix>._schemas`` since the last refresh."""

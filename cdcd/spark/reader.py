@@ -32,7 +32,6 @@ columns added after the start are left out until the query is restarted.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,7 +39,8 @@ from typing import TYPE_CHECKING, Literal
 
 from cdcd.config.model import CdcdConfig, load_config
 from cdcd.errors import ConfigError, DefiniteError
-from cdcd.sink.topics import admin_config, table_topic
+from cdcd.naming import split_table, table_topic, table_topic_pattern
+from cdcd.sink.topics import admin_config
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -173,23 +173,6 @@ def kafka_options(
     return options
 
 
-def table_topic_pattern(prefix: str) -> str:
-    """A regular expression matching every table topic ``<prefix>.<schema>.<table>``.
-
-    ``<prefix>._schemas``, ``.transaction`` and ``.message`` have one
-    component after the prefix and do not match. The same text is a valid
-    Java regular expression, for Spark's Kafka source.
-    """
-    return re.escape(prefix) + r"\.[^.]+\.[^.]+"
-
-
-def _split_table(name: str) -> tuple[str, str]:
-    if "." in name:
-        schema, table = name.split(".", 1)
-        return schema.strip('"'), table.strip('"')
-    return "public", name
-
-
 def read_changes(
     spark: SparkSession,
     config: CdcdConfig | str | os.PathLike[str],
@@ -212,7 +195,7 @@ def read_changes(
 
     if not isinstance(config, CdcdConfig):
         config = load_config(Path(config))
-    schema, name = _split_table(table)
+    schema, name = split_table(table, default_schema="public")
     topic = table_topic(config.kafka.topic_prefix, schema, name)
     opts = kafka_options(config, topics=[topic], extra=options)
     catalog = SchemaCatalog.from_config(config, KafkaOptions.from_options(opts))

@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cdcd.ack import AckTracker, Hold, TxnTicket
 from cdcd.errors import DefiniteError, TransientError
 from cdcd.protocol.lsn import Lsn
-from cdcd.sink.producer import ProducerFatalError
+from cdcd.sink.producer import ProducerFatalError, classify_delivery_report
 
 OK = None
 TIMEOUT = KafkaError(KafkaError._MSG_TIMED_OUT)
@@ -53,7 +53,7 @@ class _Msg:
 
 
 def test_starts_at_slot_position() -> None:
-    tracker = AckTracker(Lsn(0x100))
+    tracker = AckTracker(Lsn(0x100), classify=classify_delivery_report)
     assert tracker.confirmed == 0x100
     assert tracker.in_flight == 0
     assert tracker.pending_transactions == 0
@@ -61,7 +61,7 @@ def test_starts_at_slot_position() -> None:
 
 
 def test_single_transaction_confirms_after_last_report() -> None:
-    tracker = AckTracker(Lsn(0x100))
+    tracker = AckTracker(Lsn(0x100), classify=classify_delivery_report)
     ticket = tracker.open()
     ticket.add(3)
     ticket.on_delivery(OK, None)
@@ -76,7 +76,7 @@ def test_single_transaction_confirms_after_last_report() -> None:
 
 
 def test_unsealed_transaction_is_not_confirmed_even_when_delivered() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     ticket = tracker.open()
     ticket.add()
     ticket.on_delivery(OK, None)
@@ -86,14 +86,14 @@ def test_unsealed_transaction_is_not_confirmed_even_when_delivered() -> None:
 
 
 def test_empty_transaction_completes_at_seal() -> None:
-    tracker = AckTracker(Lsn(0x10))
+    tracker = AckTracker(Lsn(0x10), classify=classify_delivery_report)
     tracker.open().seal(Lsn(0x20))
     assert tracker.confirmed == 0x20
     assert tracker.pending_transactions == 0
 
 
 def test_empty_transaction_waits_for_earlier_ones() -> None:
-    tracker = AckTracker(Lsn(0x10))
+    tracker = AckTracker(Lsn(0x10), classify=classify_delivery_report)
     first = tracker.open()
     first.add()
     first.seal(Lsn(0x20))
@@ -106,7 +106,7 @@ def test_empty_transaction_waits_for_earlier_ones() -> None:
 
 
 def test_later_transaction_delivered_first_waits() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     a, b, c = tracker.open(), tracker.open(), tracker.open()
     for ticket, end in ((a, 0x10), (b, 0x20), (c, 0x30)):
         ticket.add(2)
@@ -122,7 +122,7 @@ def test_later_transaction_delivered_first_waits() -> None:
 
 
 def test_failure_freezes_confirmation() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     a, b = tracker.open(), tracker.open()
     a.add()
     a.seal(Lsn(0x10))
@@ -147,7 +147,7 @@ def test_failure_freezes_confirmation() -> None:
 
 
 def test_first_failure_wins_and_is_classified() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     ticket = tracker.open()
     ticket.add(2)
     ticket.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Msg("pg.public.big"))
@@ -159,7 +159,7 @@ def test_first_failure_wins_and_is_classified() -> None:
 
 
 def test_fatal_producer_error_is_transient_producer_fatal() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     ticket = tracker.open()
     ticket.add()
     ticket.on_delivery(KafkaError(KafkaError._FATAL, "fenced", fatal=True), _Msg("t"))
@@ -182,7 +182,7 @@ def test_custom_classifier_and_exception_errors() -> None:
 
 
 def test_more_reports_than_messages_is_a_failure() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     ticket = tracker.open()
     ticket.add()
     ticket.seal(Lsn(0x10))
@@ -194,7 +194,7 @@ def test_more_reports_than_messages_is_a_failure() -> None:
 
 
 def test_ticket_misuse_raises() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     ticket = tracker.open()
     with pytest.raises(ValueError):
         ticket.add(-1)
@@ -206,7 +206,7 @@ def test_ticket_misuse_raises() -> None:
 
 
 def test_advance_idle_only_when_nothing_pending() -> None:
-    tracker = AckTracker(Lsn(0x10))
+    tracker = AckTracker(Lsn(0x10), classify=classify_delivery_report)
     assert tracker.advance_idle(Lsn(0x20)) is True
     assert tracker.confirmed == 0x20
     assert tracker.advance_idle(Lsn(0x18)) is False  # never backwards
@@ -223,7 +223,7 @@ def test_advance_idle_only_when_nothing_pending() -> None:
 
 
 def test_hold_bounds_confirmation_until_released() -> None:
-    tracker = AckTracker(Lsn(0x10))
+    tracker = AckTracker(Lsn(0x10), classify=classify_delivery_report)
     hold = tracker.hold(Lsn(0x25))
     assert isinstance(hold, Hold) and hold.active
     a = tracker.open()
@@ -240,7 +240,7 @@ def test_hold_bounds_confirmation_until_released() -> None:
 
 
 def test_several_holds_lowest_wins() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     high = tracker.hold(Lsn(0x30))
     low = tracker.hold(Lsn(0x20))
     tracker.open().seal(Lsn(0x40))
@@ -253,7 +253,7 @@ def test_several_holds_lowest_wins() -> None:
 
 
 def test_hold_below_confirmed_never_moves_backwards() -> None:
-    tracker = AckTracker(Lsn(0x50))
+    tracker = AckTracker(Lsn(0x50), classify=classify_delivery_report)
     hold = tracker.hold(Lsn(0x20))
     tracker.open().seal(Lsn(0x60))
     assert tracker.confirmed == 0x50
@@ -262,7 +262,10 @@ def test_hold_below_confirmed_never_moves_backwards() -> None:
 
 
 def test_release_twice_or_foreign_hold_raises() -> None:
-    tracker, other = AckTracker(Lsn(0)), AckTracker(Lsn(0))
+    tracker, other = (
+        AckTracker(Lsn(0), classify=classify_delivery_report),
+        AckTracker(Lsn(0), classify=classify_delivery_report),
+    )
     hold = tracker.hold(Lsn(1))
     tracker.release(hold)
     with pytest.raises(ValueError):
@@ -277,7 +280,7 @@ def test_on_complete_in_commit_order_with_commit_ts() -> None:
     def on_complete(ticket: TxnTicket) -> None:
         done.append((ticket.seq, ticket.commit_ts, ticket.end_lsn))
 
-    tracker = AckTracker(Lsn(0), on_complete=on_complete)
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report, on_complete=on_complete)
     a = tracker.open(commit_ts=111)
     b = tracker.open(commit_ts=222)
     a.add()
@@ -291,14 +294,14 @@ def test_on_complete_in_commit_order_with_commit_ts() -> None:
 
 
 def test_decreasing_end_lsn_does_not_move_backwards() -> None:
-    tracker = AckTracker(Lsn(0x100))
+    tracker = AckTracker(Lsn(0x100), classify=classify_delivery_report)
     tracker.open().seal(Lsn(0x80))  # replayed transaction before the slot position
     assert tracker.confirmed == 0x100
 
 
 def test_large_transaction_is_linear() -> None:
     """A million-message transaction: O(1) per report, no per-message state."""
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     ticket = tracker.open()
     n = 1_000_000
     ticket.add(n)
@@ -311,7 +314,7 @@ def test_large_transaction_is_linear() -> None:
 
 
 def test_many_transactions_pop_in_order() -> None:
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     tickets = [tracker.open() for _ in range(10_000)]
     for i, ticket in enumerate(tickets):
         ticket.add()
@@ -365,7 +368,7 @@ class TrackerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.start = 0x1000
-        self.tracker = AckTracker(Lsn(self.start))
+        self.tracker = AckTracker(Lsn(self.start), classify=classify_delivery_report)
         self.model = _Model(start=self.start, idle_reached=self.start)
         self.lsn = self.start  # stream position: every new LSN is beyond it
         self.last_confirmed = self.start

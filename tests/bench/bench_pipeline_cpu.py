@@ -27,12 +27,13 @@ from typing import Any
 
 from cdcd.ack.tracker import AckTracker
 from cdcd.decode.relations import RelationCache
-from cdcd.decode.transactions import TransactionAssembler
 from cdcd.decode.types import StaticCatalog
 from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.publisher import Publisher
+from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol import Lsn, PgOutputDecoder
+from cdcd.sink.producer import classify_delivery_report
 from tests.bench.orders_golden import orders_payloads
 
 ROWS_PER_TXN = 10
@@ -86,7 +87,7 @@ def _stream(transactions: int) -> tuple[list[bytes], list[bytes]]:
 
 def _run(relations: list[bytes], payloads: list[bytes]) -> tuple[float, Lsn]:
     producer = _Producer()
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     cache = RelationCache(StaticCatalog(), key_lookup=lambda s, t: ("id",))
     publisher = Publisher(
         producer,  # type: ignore[arg-type]

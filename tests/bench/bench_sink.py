@@ -26,6 +26,7 @@ from cdcd.ack import AckTracker
 from cdcd.local.broker import LocalBroker
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink import KafkaSink, TopicSpec, build_producer_config, ensure_topics
+from cdcd.sink.producer import classify_delivery_report
 
 TXN_SIZE = 10
 
@@ -34,7 +35,7 @@ def run(bootstrap: str, messages: int, overrides: dict[str, str | int], topic: s
     """Produce ``messages`` through KafkaSink + AckTracker and print the figures."""
     config = build_producer_config(bootstrap, overrides, "cdcd-bench")
     sink = KafkaSink(config)
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     rng = random.Random(7)
     values = [os.urandom(150).hex().encode() for _ in range(64)]  # 300 bytes each
     keys = [str(rng.randrange(1_000_000)).encode() for _ in range(4096)]

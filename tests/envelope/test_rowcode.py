@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdcd.avro.binary import NULL_BRANCH, VALUE_BRANCH, encode_long
 from cdcd.decode.values import bool_from_text, encode_text_value, int_from_text
-from cdcd.envelope.avro_binary import NULL_BRANCH, VALUE_BRANCH, encode_long
 from cdcd.envelope.rowcode import compile_row_encoder
 from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, TupleData
 

@@ -39,6 +39,7 @@ from cdcd.protocol.messages import (
     TupleData,
     Update,
 )
+from cdcd.sink.producer import classify_delivery_report
 from cdcd.snapshot.progress import TableProgress
 
 INT4, TEXT = 23, 25
@@ -76,7 +77,7 @@ class _Rig:
         self.schemas: dict[str, Any] = {}
         self.producer = _Producer()
         self.metrics = Metrics(process_collectors=False)
-        self.tracker = AckTracker(Lsn(0))
+        self.tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
         wire = SingleObjectFormat(self._schema)
         self.publisher = Publisher(
             self.producer,

@@ -14,7 +14,7 @@ from support.cdc import wait_for
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 from cdcd.config.model import KafkaConfig
-from cdcd.sink.topics import message_topic, schemas_topic, transaction_topic
+from cdcd.naming import message_topic, schemas_topic, transaction_topic
 
 PARTITIONS = 3
 

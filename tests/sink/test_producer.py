@@ -40,6 +40,7 @@ from cdcd.config.model import KafkaConfig
 from cdcd.errors import ConfigError, DefiniteError, TransientError
 from cdcd.local import LocalBroker
 from cdcd.local.postgres import free_port
+from cdcd.naming import schemas_topic, table_topic
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink import (
     KafkaSink,
@@ -50,11 +51,9 @@ from cdcd.sink import (
     check_broker,
     classify_delivery_error,
     ensure_topics,
-    schemas_topic,
-    table_topic,
     topic_spec,
 )
-from cdcd.sink.producer import PRODUCER_DEFAULTS
+from cdcd.sink.producer import PRODUCER_DEFAULTS, classify_delivery_report
 
 integration = pytest.mark.integration
 
@@ -330,7 +329,7 @@ def test_fault_sink_nth_failure_stops_confirmation_at_previous_transaction() -> 
 
 def test_fault_sink_delay_release_and_blocking_queue() -> None:
     sink = FaultSink(queue_limit=3)
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     sink.delay_deliveries()
     released: list[int] = []
 
@@ -428,7 +427,7 @@ def test_idempotent_producer_gets_a_producer_id(broker: LocalBroker) -> None:
     config = build_producer_config(broker.bootstrap_servers, {"statistics.interval.ms": 100}, "c")
     assert config["enable.idempotence"] is True and config["acks"] == "all"
     sink = KafkaSink(config, on_stats=stats.append)
-    ticket = AckTracker(Lsn(0)).open()
+    ticket = AckTracker(Lsn(0), classify=classify_delivery_report).open()
     ticket.add()
     sink.produce(topic, b"k", b"v", [], ticket.on_delivery)
     assert sink.flush(10) == 0
@@ -450,7 +449,7 @@ def test_murmur2_random_partitions_agree_with_java(broker: LocalBroker) -> None:
     partitions = 7
     ensure_topics(broker.bootstrap_servers, [TopicSpec(topic, partitions, 1)], 10)
     sink = KafkaSink(build_producer_config(broker.bootstrap_servers, {}, "c"))
-    tracker = AckTracker(Lsn(0))
+    tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     ticket = tracker.open()
     keys = [f"{i}".encode() for i in range(150)] + [os.urandom(n) for n in range(1, 51)]
     for key in keys:

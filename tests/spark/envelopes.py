@@ -27,6 +27,7 @@ from cdcd.envelope.encoder import (
     make_stamp,
 )
 from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat
+from cdcd.naming import table_topic
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import (
     KIND_NULL,
@@ -35,7 +36,6 @@ from cdcd.protocol.messages import (
     Column,
     TupleData,
 )
-from cdcd.sink.topics import table_topic
 from cdcd.spark.source import ARROW_SCHEMA
 
 OPS = {"c": OP_CREATE, "u": OP_UPDATE, "d": OP_DELETE, "t": OP_TRUNCATE}

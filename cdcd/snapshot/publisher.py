@@ -1,0 +1,61 @@
+"""What snapshots need of the publisher, so that snapshot does not import the pipeline.
+
+The pipeline builds snapshot objects and hands them its
+``cdcd.pipeline.publisher.Publisher``, which satisfies :class:`SnapshotPublisher`
+structurally (mypy checks it where the pipeline passes it); the dependency
+points from the pipeline down to snapshot only, like the publisher's own
+``Producer`` protocol for the Kafka sink.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from cdcd.ack.tracker import TxnTicket
+from cdcd.decode.relations import TableVersion
+from cdcd.envelope.encoder import TableEncoder
+from cdcd.protocol.lsn import Lsn
+from cdcd.protocol.messages import LogicalMessage, TupleData
+
+__all__ = ["KeyRecorder", "SnapshotPublisher"]
+
+#: Told ``(xid, key)`` for each change of a watched table; key None: a truncate.
+KeyRecorder = Callable[[int, bytes | None], None]
+
+
+class SnapshotPublisher(Protocol):
+    """The publisher methods the initial and incremental snapshots call."""
+
+    def snapshot_encoder(self, table: TableVersion) -> TableEncoder | None:
+        """The encoder of a snapshot table version (creates its topic); None if not captured."""
+        ...
+
+    def snapshot_chunk(
+        self,
+        encoder: TableEncoder,
+        rows: list[TupleData],
+        lsn: Lsn,
+        commit_ts_ms: int,
+        seq: int,
+    ) -> tuple[TxnTicket, int]:
+        """Publish initial-snapshot rows in a ticket of their own, sealed at ``lsn``."""
+        ...
+
+    def snapshot_in_transaction(
+        self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
+    ) -> tuple[TxnTicket, int]:
+        """Publish a chunk inside the current (high watermark) transaction."""
+        ...
+
+    def on_watermark(self, handler: Callable[[LogicalMessage], None] | None) -> None:
+        """Route ``cdcd.naming.WATERMARK_PREFIX`` messages to ``handler`` (None: drop them)."""
+        ...
+
+    def watch(self, relation_id: int, record: KeyRecorder) -> None:
+        """Report ``(xid, key)`` of every change to ``relation_id`` until :meth:`unwatch`."""
+        ...
+
+    def unwatch(self) -> None:
+        """Stop reporting changes of the watched table."""
+        ...

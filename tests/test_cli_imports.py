@@ -49,7 +49,7 @@ def _unload(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     [
         ("demo", "cdcd.demo", "cdcd.local.workload"),
         ("bench", "cdcd.bench", "cdcd.local.workload"),
-        ("mirror", "cdcd.spark.cli", "cdcd.sink.topics"),
+        ("mirror", "cdcd.spark.cli", "cdcd.naming"),
     ],
 )
 def test_an_import_error_inside_a_command_propagates(
@@ -76,7 +76,7 @@ def test_mirror_without_pyspark_names_the_extra(
     def fails(name: str, fromlist: tuple[str, ...]) -> ImportError | None:
         if name == "pyspark" or name.startswith("pyspark."):
             return ModuleNotFoundError(f"No module named {name!r}", name="pyspark")
-        if name == "cdcd.sink.topics":
+        if name == "cdcd.naming":
             # cdcd.spark.cli importing something that needs pyspark at module level
             return ModuleNotFoundError("No module named 'pyspark'", name="pyspark")
         return None
@@ -96,7 +96,7 @@ def test_mirror_with_an_unusable_pyarrow_says_so(monkeypatch: pytest.MonkeyPatch
     _unload(monkeypatch, "cdcd.spark.cli")
 
     def fails(name: str, fromlist: tuple[str, ...]) -> ImportError | None:
-        if name == "cdcd.sink.topics":
+        if name == "cdcd.naming":
             return ImportError("cannot import name 'compute' from 'pyarrow'", name="pyarrow")
         return None
 

@@ -1074,12 +1074,7 @@ class Demo:
 
     def _published(self) -> Counter[tuple[str, str]]:
         """Envelopes the daemon produced so far (``cdcd_events_total``), by (table, op)."""
-        found: Counter[tuple[str, str]] = Counter()
-        for family in self.metrics.events.collect():
-            for sample in family.samples:
-                if sample.name == "cdcd_events_total" and sample.value:
-                    found[sample.labels["table"], sample.labels["op"]] += int(sample.value)
-        return found
+        return Counter(self.metrics.events_by_table_op())
 
     def _events(self) -> tuple[int, Counter[str]]:
         """Total envelopes the daemon produced so far, and the totals per op."""

@@ -303,6 +303,16 @@ class Metrics:
         """Count ``count`` changes of ``op`` on ``table``; cached, but prefer ``table()``."""
         self.table(table).events[op].inc(count)
 
+    def events_by_table_op(self) -> dict[tuple[str, str], int]:
+        """``cdcd_events_total`` as ``/metrics`` serves it, by (table, op); zero series left out."""
+        found: dict[tuple[str, str], int] = {}
+        for family in self.events.collect():
+            for sample in family.samples:
+                if sample.name == "cdcd_events_total" and sample.value:
+                    key = (sample.labels["table"], sample.labels["op"])
+                    found[key] = found.get(key, 0) + int(sample.value)
+        return found
+
     def delivery_errors_for(self, topic: str) -> Counter:
         """The cached ``cdcd_delivery_errors_total{topic}`` child, created at 0.
 

@@ -209,12 +209,7 @@ class _Rig:
 
     def counted(self) -> Counter[tuple[str, str]]:
         """``cdcd_events_total`` by (table, op), as ``/metrics`` would serve it."""
-        found: Counter[tuple[str, str]] = Counter()
-        for family in self.metrics.events.collect():
-            for sample in family.samples:
-                if sample.name == "cdcd_events_total" and sample.value:
-                    found[sample.labels["table"], sample.labels["op"]] += int(sample.value)
-        return found
+        return Counter(self.metrics.events_by_table_op())
 
     def flush_and_check(self) -> None:
         self.publisher.flush_metrics()

@@ -21,11 +21,16 @@ RUN groupadd --system --gid 10001 cdcd \
 
 WORKDIR /src
 # Dependencies ship as wheels (psycopg2-binary, confluent-kafka with its own
-# librdkafka), so no compiler is needed.
-COPY pyproject.toml README.md ./
+# librdkafka). gcc is only there to compile cdcd's optional C extensions (the
+# hot path, setup.py) and is removed in the same layer; should it not install,
+# the build still succeeds and cdcd runs its pure-Python path.
+COPY pyproject.toml setup.py README.md ./
 COPY cdcd ./cdcd
-RUN pip install --no-cache-dir . \
- && rm -rf /src
+RUN { apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+      || echo "no C compiler: cdcd runs its pure-Python path"; } \
+ && pip install --no-cache-dir . \
+ && { apt-get purge -y --auto-remove gcc libc6-dev || true; } \
+ && rm -rf /var/lib/apt/lists/* /src
 
 WORKDIR /var/lib/cdcd
 USER 10001:10001

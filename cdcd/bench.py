@@ -9,11 +9,21 @@ Phases, all on the same fixed, seeded workload (``orders``, SPEC §9):
    WAL, only how fast the load finishes).
 2. **Ceiling.** ``pg_recvlogical`` drains its slot with pgoutput (protocol 1)
    to /dev/null up to the end of the load: the raw rate one walsender
-   decodes at, which no pgoutput consumer can beat.
+   decodes at, which no pgoutput consumer can beat. The walsender's CPU
+   (utime + stime from ``/proc/<pid>/stat``, pid from the slot's
+   ``active_pid``) over the rows is ``walsender_cpu_us_per_row``.
 3. **cdcd end to end.** The real pipeline drains its slot: decode, envelope,
    produce with ``acks=all``, delivery reports, LSN confirmed. The rate is
    rows divided by the time from the session's start until the slot's
-   ``confirmed_flush_lsn`` reaches the end of the load.
+   ``confirmed_flush_lsn`` reaches the end of the load. The CPU of this
+   process over exactly that drain, all threads (the session, librdkafka's,
+   the metrics server) but the bench's own main thread, over the rows is
+   ``cdcd_cpu_us_per_row``; the host-independent figure (see
+   docs/performance.md).
+3b. **Initial snapshot** (skip with ``--no-snapshot``). A session with
+   ``snapshot.mode: initial_only`` copies the loaded table (``rows`` rows)
+   on a new slot: rows/s and CPU per row from the snapshot's first read to
+   its last acknowledgement, for cdcd and for the server backends that read.
 4. **Latency.** ``pgbench`` offers a fixed load (default 10,000 rows/s as
    1,000 transactions/s of 10 rows, ``synchronous_commit=on``) while the
    pipeline runs; for every transaction cdcd records commit time (from the
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -54,13 +65,24 @@ from cdcd.errors import DefiniteError
 from cdcd.local.workload import orders_ddl
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.session import Session
+from cdcd.protocol.native import native_status
 
 SCHEMA = "cdcd_bench"
 PUBLICATION = "cdcd_bench"
 CEILING_SLOT = "cdcd_bench_ceiling"
 CDCD_SLOT = "cdcd_bench_cdcd"
 BIG_SLOT = "cdcd_bench_big"
+SNAPSHOT_SLOT = "cdcd_bench_snapshot"
 TOPIC_PREFIX = "cdcd_bench"
+#: application_name of the bench's own connections.
+BENCH_APPLICATION = "cdcd_bench"
+#: The walsender serving a slot.
+SLOT_PID_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL"
+#: Every server process of this database but the bench's own connections.
+DATABASE_PIDS_SQL = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND pid <> pg_backend_pid() AND application_name <> %s"
+)
 
 
 #: Ten rows of the SPEC §9 shape; ``g`` numbers the rows of the whole load.
@@ -83,6 +105,10 @@ class BenchResult:
     peak_rss_mb: float
     big_transaction_rows: int
     seed: int
+    cdcd_cpu_us_per_row: float
+    walsender_cpu_us_per_row: float
+    cpu_count: int
+    snapshot: dict[str, float] | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -96,6 +122,11 @@ class BenchResult:
             "peak_rss_mb": round(self.peak_rss_mb, 1),
             "big_transaction_rows": self.big_transaction_rows,
             "seed": self.seed,
+            "cdcd_cpu_us_per_row": round(self.cdcd_cpu_us_per_row, 2),
+            "walsender_cpu_us_per_row": round(self.walsender_cpu_us_per_row, 2),
+            "cpu_ratio": round(self.cdcd_cpu_us_per_row / self.walsender_cpu_us_per_row, 3),
+            "cpu_count": self.cpu_count,
+            **({"snapshot": self.snapshot} if self.snapshot is not None else {}),
             **self.details,
         }
 
@@ -138,7 +169,8 @@ def _environment(args: argparse.Namespace) -> Iterator[tuple[str, str, Path]]:
 
 
 def _connect(dsn: str) -> Any:
-    conn = psycopg2.connect(dsn)
+    # Named, so that the server CPU of a phase leaves the bench's own connections out.
+    conn = psycopg2.connect(dsn, application_name=BENCH_APPLICATION)
     conn.autocommit = True
     return conn
 
@@ -159,7 +191,19 @@ def _confirmed(conn: Any, slot: str) -> int:
 
 
 def _current(conn: Any) -> int:
-    return _lsn(conn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+    """The end of the WAL written so far, once it is flushed.
+
+    The load commits with ``synchronous_commit=off``: right after it, the
+    write position may still lie before its last commit records, and a
+    consumer could be confirmed past that position (idle keepalives) before
+    it even decoded them. The insert position includes every commit
+    returned so far; waiting for the flush to reach it makes that WAL
+    visible to the walsenders.
+    """
+    insert = _lsn(conn, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+    while _lsn(conn, "SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn") < insert:
+        time.sleep(0.01)
+    return insert
 
 
 def _drop_slot(conn: Any, slot: str) -> None:
@@ -173,7 +217,7 @@ def _drop_slot(conn: Any, slot: str) -> None:
 
 def _prepare(conn: Any) -> None:
     with conn.cursor() as cur:
-        for slot in (CEILING_SLOT, CDCD_SLOT, BIG_SLOT):
+        for slot in (CEILING_SLOT, CDCD_SLOT, BIG_SLOT, SNAPSHOT_SLOT):
             _drop_slot(conn, slot)
         cur.execute(f"DROP PUBLICATION IF EXISTS {PUBLICATION}")
         cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
@@ -206,8 +250,138 @@ def _load(dsn: str, rows: int, seed: int, quiet: bool) -> float:
     return time.monotonic() - started
 
 
-def _ceiling(dsn: str, bindir: Path, end_lsn: int) -> float:
-    """pg_recvlogical to /dev/null up to ``end_lsn``; returns seconds."""
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_cpu_s(pid: int, path: Path | None = None) -> float | None:
+    """utime + stime of process ``pid`` in seconds, None once it is gone."""
+    try:
+        stat = (path or Path(f"/proc/{pid}/stat")).read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # Fields after the command name (which may hold spaces): state is field 3,
+    # utime 14 and stime 15 (proc(5)).
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+
+
+class _BackendCpu:
+    """CPU seconds of the server processes serving a phase, sampled from ``/proc``.
+
+    The server's processes are not this process's children: their CPU can
+    only be read while they live, so a sampler thread reads each one every
+    ``interval_s`` and keeps the last value, from the process's start. What a
+    process spends after its last sample (at most one interval) is missed:
+    the figure errs low, in the server's favour. ``sql`` (with ``params``)
+    lists the pids to follow; it runs on a connection of its own every 0.1 s.
+    The sampler thread is in ``_BENCH_THREADS`` while it runs.
+    """
+
+    def __init__(self, dsn: str, sql: str, params: tuple[Any, ...], interval_s: float = 0.01) -> None:
+        self._dsn = dsn
+        self._sql = sql
+        self._params = params
+        self._interval_s = interval_s
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-proc-cpu", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> _BackendCpu:
+        self._thread.start()
+        while self._thread.ident not in _BENCH_THREADS and self._thread.is_alive():
+            time.sleep(0.001)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        ident = threading.get_ident()
+        _BENCH_THREADS.add(ident)
+        pids: set[int] = set()
+        next_find = 0.0
+        try:
+            conn = _connect(self._dsn)
+            try:
+                while not self._stop.is_set():
+                    now = time.monotonic()
+                    if now >= next_find:
+                        with conn.cursor() as cur:
+                            cur.execute(self._sql, self._params)
+                            pids.update(int(row[0]) for row in cur.fetchall())
+                        next_find = now + 0.1
+                    for pid in pids:
+                        cpu = _proc_cpu_s(pid)
+                        if cpu is not None:
+                            self._seen[pid] = cpu
+                    self._stop.wait(self._interval_s)
+            finally:
+                conn.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by cpu_s
+            self.error = exc
+        finally:
+            _BENCH_THREADS.discard(ident)
+
+    def cpu_s(self) -> float:
+        if self.error is not None:
+            raise DefiniteError(f"could not sample the server's CPU: {self.error}")
+        return sum(self._seen.values())
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(self._seen)
+
+
+#: Threads of this process that are the benchmark's, not cdcd's: the main
+#: thread (it waits for the slot) and live ``_BackendCpu`` samplers.
+_BENCH_THREADS: set[int] = set()
+
+
+def _cdcd_cpu_s() -> float:
+    """CPU seconds of this process so far, every thread but the benchmark's own.
+
+    The pipeline runs in this process (the session thread, librdkafka's
+    threads, the metrics server); what the bench's threads spend waiting and
+    sampling is left out. Only differences of two readings mean anything,
+    and both must fall while the same bench threads live.
+    """
+    total = time.process_time()
+    for ident in _BENCH_THREADS | {threading.main_thread().ident or 0}:
+        total -= time.clock_gettime(time.pthread_getcpuclockid(ident))
+    return total
+
+
+def _threads_cpu_s() -> dict[str, float]:
+    """CPU seconds of each live thread of this process, by name, the bench's left out.
+
+    Python threads by their Python name, librdkafka's by theirs
+    (``rdk:main``, ``rdk:broker1``, ...); threads of one name are summed.
+    """
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    bench = {threading.main_thread().native_id}
+    bench |= {t.native_id for t in threading.enumerate() if t.name == "bench-proc-cpu"}
+    result: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        if tid in bench:
+            continue
+        cpu = _proc_cpu_s(tid, task / "stat")
+        if cpu is None:
+            continue
+        try:
+            name = names.get(tid) or (task / "comm").read_text().strip()
+        except FileNotFoundError:
+            continue
+        result[name] = result.get(name, 0.0) + cpu
+    return result
+
+
+def _ceiling(dsn: str, bindir: Path, end_lsn: int) -> tuple[float, float]:
+    """pg_recvlogical to /dev/null up to ``end_lsn``: (seconds, walsender CPU seconds)."""
     binary = bindir / "pg_recvlogical"
     if not binary.exists():
         found = shutil.which("pg_recvlogical")
@@ -220,12 +394,18 @@ def _ceiling(dsn: str, bindir: Path, end_lsn: int) -> float:
         "-o", "proto_version=1", "-o", f"publication_names={PUBLICATION}",
         "--endpos", end, "-f", "/dev/null",
     ]  # fmt: skip
-    started = time.monotonic()
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    elapsed = time.monotonic() - started
-    if result.returncode != 0:
-        raise DefiniteError(f"pg_recvlogical failed: {result.stderr.strip()}")
-    return elapsed
+    with _BackendCpu(dsn, SLOT_PID_SQL, (CEILING_SLOT,)) as walsender:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        _, stderr = process.communicate()
+        elapsed = time.monotonic() - started
+    if process.returncode != 0:
+        raise DefiniteError(f"pg_recvlogical failed: {stderr.strip()}")
+    if not walsender.pids:
+        raise DefiniteError("the walsender serving pg_recvlogical was not found")
+    return elapsed, walsender.cpu_s()
 
 
 class _LatencyMetrics(Metrics):
@@ -262,8 +442,22 @@ def _config(dsn: str, bootstrap: str, slot: str) -> Any:
     )
 
 
+@dataclass
+class _Running:
+    session: Session
+    thread: threading.Thread
+    failure: list[BaseException]
+
+    def check(self) -> None:
+        """Raise what ended the session early, if it did."""
+        if not self.thread.is_alive():
+            if self.failure:
+                raise self.failure[0]
+            raise DefiniteError("the cdcd session stopped before the measurement ended")
+
+
 @contextmanager
-def _session(config: Any, metrics: Metrics) -> Iterator[Session]:
+def _session(config: Any, metrics: Metrics) -> Iterator[_Running]:
     stop = threading.Event()
     session = Session(config, stop, metrics)
     failure: list[BaseException] = []
@@ -276,8 +470,12 @@ def _session(config: Any, metrics: Metrics) -> Iterator[Session]:
 
     thread = threading.Thread(target=run, name="cdcd-session", daemon=True)
     thread.start()
+    running = _Running(session, thread, failure)
     try:
-        yield session
+        while not session.state.streaming:
+            running.check()
+            time.sleep(0.005)
+        yield running
     finally:
         stop.set()
         thread.join(120)
@@ -285,29 +483,128 @@ def _session(config: Any, metrics: Metrics) -> Iterator[Session]:
             raise failure[0]
 
 
-def _wait_confirmed(conn: Any, slot: str, target: int, timeout_s: float) -> float:
+def _run_session(config: Any, timeout_s: float) -> None:
+    """Run a session that ends by itself, in a thread of its own (not the bench's)."""
+    stop = threading.Event()
+    session = Session(config, stop, Metrics(process_collectors=False))
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            session.run()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="cdcd-session", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        stop.set()
+        thread.join(120)
+        raise DefiniteError(f"the session did not finish in {timeout_s} s")
+    if failure:
+        raise failure[0]
+
+
+def _wait_confirmed(
+    conn: Any, slot: str, target: int, timeout_s: float, check: Any = None
+) -> float:
+    """Wait for the slot to confirm ``target``; ``check()`` raises if the consumer died."""
     started = time.monotonic()
     while _confirmed(conn, slot) < target:
         if time.monotonic() - started > timeout_s:
             raise DefiniteError(f"slot {slot} did not reach the end of the load in {timeout_s} s")
+        if check is not None:
+            check()
         time.sleep(0.02)
     return time.monotonic()
 
 
-def _cdcd_rate(dsn: str, bootstrap: str, end_lsn: int) -> tuple[float, float]:
-    """Seconds for the pipeline to confirm the whole load; and its setup time."""
+@dataclass
+class _Drain:
+    seconds: float
+    setup_seconds: float
+    cdcd_cpu_s: float
+    walsender_cpu_s: float
+    threads_cpu_s: dict[str, float]
+
+
+def _cdcd_rate(dsn: str, bootstrap: str, end_lsn: int) -> _Drain:
+    """The pipeline confirming the whole load: its time, setup time and CPU."""
     conn = _connect(dsn)
     try:
         metrics = Metrics(process_collectors=False)
         started = time.monotonic()
-        with _session(_config(dsn, bootstrap, CDCD_SLOT), metrics) as session:
-            while not session.state.streaming:
-                time.sleep(0.005)
-            streaming = time.monotonic()
-            finished = _wait_confirmed(conn, CDCD_SLOT, end_lsn, timeout_s=1800)
-        return finished - streaming, streaming - started
+        with _session(_config(dsn, bootstrap, CDCD_SLOT), metrics) as running:
+            with _BackendCpu(dsn, SLOT_PID_SQL, (CDCD_SLOT,)) as walsender:
+                streaming = time.monotonic()
+                cpu_start, threads_start = _cdcd_cpu_s(), _threads_cpu_s()
+                finished = _wait_confirmed(
+                    conn, CDCD_SLOT, end_lsn, timeout_s=1800, check=running.check
+                )
+                cpu_end, threads_end = _cdcd_cpu_s(), _threads_cpu_s()
+        threads = {
+            name: cpu - threads_start.get(name, 0.0)
+            for name, cpu in threads_end.items()
+        }
+        # The walsender started with the session: its CPU before the drain
+        # (slot start-up) is included, a few milliseconds.
+        return _Drain(
+            finished - streaming,
+            streaming - started,
+            cpu_end - cpu_start,
+            walsender.cpu_s(),
+            threads,
+        )
     finally:
         conn.close()
+
+
+class _SnapshotMarks(logging.Handler):
+    """Time and CPU (``_cdcd_cpu_s``) at the log lines that bracket the initial snapshot."""
+
+    MARKS = ("initial snapshot of", "initial snapshot complete")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.marks: dict[str, tuple[float, float]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        for mark in self.MARKS:
+            if message.startswith(mark) and mark not in self.marks:
+                self.marks[mark] = (time.monotonic(), _cdcd_cpu_s())
+
+
+@dataclass
+class _SnapshotRun:
+    seconds: float
+    cdcd_cpu_s: float
+    server_cpu_s: float
+
+
+def _snapshot(dsn: str, bootstrap: str, rows: int) -> _SnapshotRun:
+    """An initial snapshot of the loaded table (``snapshot.mode: initial_only``, one reader)."""
+    marks = _SnapshotMarks()
+    snapshot_log = logging.getLogger("cdcd.snapshot")
+    level = snapshot_log.level
+    snapshot_log.addHandler(marks)
+    snapshot_log.setLevel(logging.INFO)
+    config = _config(dsn, bootstrap, SNAPSHOT_SLOT).model_dump()
+    config["postgres"]["create_slot"] = True
+    config["kafka"]["topic_prefix"] = f"{TOPIC_PREFIX}_snapshot"
+    config["snapshot"] = {"mode": "initial_only", "parallelism": 1, "chunk_rows": 10_000}
+    try:
+        with _BackendCpu(dsn, DATABASE_PIDS_SQL, (BENCH_APPLICATION,)) as server:
+            # initial_only: the session returns once the snapshot is delivered.
+            _run_session(parse_config(config), timeout_s=1800)
+    finally:
+        snapshot_log.removeHandler(marks)
+        snapshot_log.setLevel(level)
+    if len(marks.marks) != len(marks.MARKS):
+        raise DefiniteError(f"the initial snapshot did not log its start and end: {marks.marks}")
+    (start_t, start_cpu), (end_t, end_cpu) = (marks.marks[m] for m in marks.MARKS)
+    return _SnapshotRun(end_t - start_t, end_cpu - start_cpu, server.cpu_s())
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -330,10 +627,8 @@ def _latency(
             + ";\nCOMMIT;\n"
         )
         tps = max(1, rows_per_s // 10)
-        with _session(_config(dsn, bootstrap, CDCD_SLOT), metrics) as session:
-            while not session.state.streaming:
-                time.sleep(0.005)
-            _wait_confirmed(conn, CDCD_SLOT, _current(conn), timeout_s=600)
+        with _session(_config(dsn, bootstrap, CDCD_SLOT), metrics) as running:
+            _wait_confirmed(conn, CDCD_SLOT, _current(conn), timeout_s=600, check=running.check)
             _log(f"offering {rows_per_s:,} rows/s for {seconds:.0f} s (pgbench -R {tps})", quiet)
             warmup = 2.0
             timer = threading.Timer(warmup, lambda: setattr(metrics, "recording", True))
@@ -347,7 +642,7 @@ def _latency(
             timer.cancel()
             if result.returncode != 0:
                 raise DefiniteError(f"pgbench failed: {result.stderr.strip()[-500:]}")
-            _wait_confirmed(conn, CDCD_SLOT, _current(conn), timeout_s=600)
+            _wait_confirmed(conn, CDCD_SLOT, _current(conn), timeout_s=600, check=running.check)
             metrics.recording = False
     conn.close()
     samples = metrics.samples
@@ -381,7 +676,14 @@ def _peak_rss_big_transaction(dsn: str, bootstrap: str, rows: int, quiet: bool) 
                 body = TEN_ROWS.replace("__FROM__ + 9", f"__FROM__ + {rows - 1}")
                 cur.execute(body.replace("__FROM__", "1"))
             _log(f"one {rows:,}-row transaction committed; waiting for cdcd run", quiet)
-            _wait_confirmed(conn, BIG_SLOT, _current(conn), timeout_s=1800)
+
+            def alive() -> None:
+                if daemon.poll() is not None:
+                    log.flush()
+                    tail = (Path(tmp) / "daemon.log").read_text(errors="replace")[-3000:]
+                    raise DefiniteError(f"cdcd run exited with {daemon.returncode}:\n{tail}")
+
+            _wait_confirmed(conn, BIG_SLOT, _current(conn), timeout_s=1800, check=alive)
             status = Path(f"/proc/{daemon.pid}/status").read_text()
             peak_kb = next(
                 int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")
@@ -397,18 +699,45 @@ def _peak_rss_big_transaction(dsn: str, bootstrap: str, rows: int, quiet: bool) 
 
 def run_bench(args: argparse.Namespace) -> BenchResult:
     quiet = bool(args.json)
+    rows = args.rows
+    snapshot: dict[str, float] | None = None
     with _environment(args) as (dsn, bootstrap, bindir):
         conn = _connect(dsn)
         try:
             _prepare(conn)
-            _log(f"loading {args.rows:,} rows in transactions of 10 (seed {args.seed})", quiet)
-            load_s = _load(dsn, args.rows, args.seed, quiet)
+            _log(f"loading {rows:,} rows in transactions of 10 (seed {args.seed})", quiet)
+            load_s = _load(dsn, rows, args.seed, quiet)
             end_lsn = _current(conn)
             _log(f"loaded in {load_s:.1f} s; measuring pg_recvlogical", quiet)
-            ceiling_s = _ceiling(dsn, bindir, end_lsn)
-            _log(f"pg_recvlogical: {args.rows / ceiling_s:,.0f} rows/s; measuring cdcd", quiet)
-            cdcd_s, setup_s = _cdcd_rate(dsn, bootstrap, end_lsn)
-            _log(f"cdcd: {args.rows / cdcd_s:,.0f} rows/s; measuring latency", quiet)
+            ceiling_s, walsender_cpu_s = _ceiling(dsn, bindir, end_lsn)
+            _log(
+                f"pg_recvlogical: {rows / ceiling_s:,.0f} rows/s, walsender "
+                f"{walsender_cpu_s / rows * 1e6:.2f} µs CPU/row; measuring cdcd",
+                quiet,
+            )
+            drain = _cdcd_rate(dsn, bootstrap, end_lsn)
+            _log(
+                f"cdcd: {rows / drain.seconds:,.0f} rows/s, "
+                f"{drain.cdcd_cpu_s / rows * 1e6:.2f} µs CPU/row",
+                quiet,
+            )
+            if not args.no_snapshot:
+                _log(f"initial snapshot of the {rows:,}-row table", quiet)
+                run = _snapshot(dsn, bootstrap, rows)
+                _drop_slot(conn, SNAPSHOT_SLOT)
+                snapshot = {
+                    "rows": rows,
+                    "rows_per_s": round(rows / run.seconds),
+                    "seconds": round(run.seconds, 2),
+                    "cdcd_cpu_us_per_row": round(run.cdcd_cpu_s / rows * 1e6, 2),
+                    "server_cpu_us_per_row": round(run.server_cpu_s / rows * 1e6, 2),
+                }
+                _log(
+                    f"snapshot: {snapshot['rows_per_s']:,} rows/s, "
+                    f"{snapshot['cdcd_cpu_us_per_row']:.2f} µs CPU/row",
+                    quiet,
+                )
+            _log("measuring latency", quiet)
             latency = _latency(
                 dsn, bootstrap, bindir, args.offered_rows_per_s, args.latency_seconds, quiet
             )
@@ -418,10 +747,10 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
                 _drop_slot(conn, slot)
         finally:
             conn.close()
-    ceiling = args.rows / ceiling_s
-    rate = args.rows / cdcd_s
+    ceiling = rows / ceiling_s
+    rate = rows / drain.seconds
     return BenchResult(
-        rows=args.rows,
+        rows=rows,
         ceiling_rows_per_s=ceiling,
         cdcd_rows_per_s=rate,
         ratio=rate / ceiling,
@@ -430,13 +759,27 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         peak_rss_mb=peak,
         big_transaction_rows=args.big_rows,
         seed=args.seed,
+        cdcd_cpu_us_per_row=drain.cdcd_cpu_s / rows * 1e6,
+        walsender_cpu_us_per_row=walsender_cpu_s / rows * 1e6,
+        cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        snapshot=snapshot,
         details={
             "load_seconds": round(load_s, 1),
             "ceiling_seconds": round(ceiling_s, 2),
-            "cdcd_seconds": round(cdcd_s, 2),
-            "cdcd_setup_seconds": round(setup_s, 2),
+            "cdcd_seconds": round(drain.seconds, 2),
+            "cdcd_setup_seconds": round(drain.setup_seconds, 2),
+            # The walsender serving cdcd: the same decoding, plus what
+            # cdcd's status updates cost it.
+            "walsender_cpu_us_per_row_cdcd": round(drain.walsender_cpu_s / rows * 1e6, 2),
+            # Where cdcd's CPU went (/proc/self/task; 10 ms ticks per thread).
+            "cdcd_cpu_us_per_row_by_thread": {
+                name: round(cpu / rows * 1e6, 2)
+                for name, cpu in sorted(drain.threads_cpu_s.items(), key=lambda kv: -kv[1])
+                if cpu > 0
+            },
             "latency_transactions": int(latency["transactions"]),
-            "cpus": os.cpu_count(),
+            # Which hot path ran: the C extensions, or the pure-Python code.
+            "native": native_status(),
         },
     )
 
@@ -450,6 +793,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offered-rows-per-s", type=int, default=10_000, help="latency load")
     parser.add_argument("--latency-seconds", type=float, default=20.0, help="latency run length")
     parser.add_argument("--big-rows", type=int, default=1_000_000, help="rows of the big transaction")
+    parser.add_argument(
+        "--no-snapshot", action="store_true", help="skip the initial snapshot measurement"
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -466,11 +812,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ("cdcd end to end (acks=all, confirmed)", f"{result.cdcd_rows_per_s:,.0f} rows/s"),
         ("ratio", f"{result.ratio:.2f}"),
         (
+            "CPU per row: cdcd (all threads) / walsender",
+            f"{result.cdcd_cpu_us_per_row:.2f} µs / {result.walsender_cpu_us_per_row:.2f} µs "
+            f"(ratio {data['cpu_ratio']:.2f}, {result.cpu_count} cores)",
+        ),
+        (
             f"commit-to-ack latency at {result.offered_rows_per_s:,} rows/s",
             "p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max:.1f} ms".format(**result.latency_ms),
         ),
         (f"peak RSS, one {result.big_transaction_rows:,}-row transaction", f"{result.peak_rss_mb:.0f} MB"),
     ]
+    if result.snapshot is not None:
+        snap = result.snapshot
+        lines.append(
+            (
+                f"initial snapshot, {snap['rows']:,.0f} rows",
+                f"{snap['rows_per_s']:,.0f} rows/s; CPU per row cdcd "
+                f"{snap['cdcd_cpu_us_per_row']:.2f} µs, server {snap['server_cpu_us_per_row']:.2f} µs",
+            )
+        )
     width = max(len(name) for name, _ in lines)
     for name, value in lines:
         print(f"{name:<{width}}  {value}")

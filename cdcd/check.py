@@ -11,12 +11,15 @@ import socket
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from psycopg2.extensions import make_dsn, parse_dsn
+
 from cdcd.config.model import CdcdConfig, redact_dsn
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.schemas import envelope_schema, key_schema
 from cdcd.errors import CdcdError, ConfigError
-from cdcd.naming import split_table, table_topic
+from cdcd.naming import format_table, split_table, table_topic
 from cdcd.observability.http import parse_listen
+from cdcd.pipeline.resync import check_slot
 from cdcd.snapshot.store import SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import (
@@ -27,6 +30,8 @@ from cdcd.source.database import (
     SET_FULL,
     WAYS_OUT,
     PublicationPlan,
+    SlotInfo,
+    SlotLostError,
     SourceDatabase,
     TableVerdict,
     all_tables_refusal_error,
@@ -36,6 +41,13 @@ from cdcd.source.database import (
     relation_from_catalog,
 )
 from cdcd.source.slot_holder import SlotHolder, slot_holder, slot_in_use
+from cdcd.source.versions import (
+    has_messages,
+    max_protocol,
+    require_failover,
+    require_protocol,
+    version_text,
+)
 
 
 class CheckResult(NamedTuple):
@@ -91,6 +103,7 @@ def _postgres_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckRe
         yield CheckResult(True, "wal_level: logical")
     except CdcdError as exc:
         yield CheckResult(False, f"wal_level: {exc}")
+    yield _protocol_check(pg.protocol_version, db.server_version)
     timeout = db.wal_sender_timeout_s()
     if timeout and pg.status_interval_s >= timeout / 2:
         yield CheckResult(
@@ -102,6 +115,18 @@ def _postgres_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckRe
         )
     else:
         yield CheckResult(True, f"status_interval_s: {pg.status_interval_s} < wal_sender_timeout/2")
+    try:
+        signals: SignalTable | None = SignalTable(db, config.snapshot.signal_table)
+    except CdcdError:
+        signals = None  # a bad name: _signal_table_checks says so
+    try:
+        check_slot(db, signals, pg.slot)
+    except SlotLostError as exc:
+        # What `run` refuses: an invalidated slot, or a missing one cdcd used.
+        yield CheckResult(False, f"slot {pg.slot}: {exc}")
+        yield from _publication_checks(config, db)
+        yield from _failover_checks(config, db)
+        return
     slot = db.slot_info(pg.slot)
     if slot is None:
         if pg.create_slot:
@@ -116,12 +141,323 @@ def _postgres_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckRe
             if slot.active_pid:
                 yield _slot_in_use(pg.slot, slot_holder(db, slot.active_pid))
             else:
+                kind = ", failover" if slot.failover else ""
+                if pg.failover and not slot.failover:
+                    kind = ", not a failover slot yet (`cdcd run` makes it one)"
                 yield CheckResult(
-                    True, f"slot {pg.slot}: pgoutput, confirmed {slot.confirmed_flush_lsn}, inactive"
+                    True,
+                    f"slot {pg.slot}: pgoutput{kind}, confirmed {slot.confirmed_flush_lsn}, "
+                    "inactive",
                 )
         except CdcdError as exc:
             yield CheckResult(False, f"slot {pg.slot}: {exc}")
     yield from _publication_checks(config, db)
+    yield from _failover_checks(config, db)
+
+
+# -- failover (PostgreSQL 17+) ----------------------------------------------------------
+
+
+def dsn_servers(dsn: str) -> list[tuple[str, str]]:
+    """The ``(host, port)`` pairs a (multi-host) DSN lists, as libpq pairs them."""
+    params = parse_dsn(dsn)
+    hosts = (params.get("host") or params.get("hostaddr") or "").split(",")
+    ports = (params.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return [(host, port or "5432") for host, port in zip(hosts, ports, strict=False)]
+
+
+def _server_dsn(dsn: str, index: int) -> str:
+    """The DSN narrowed to its ``index``-th server, whatever role that server has."""
+    params = parse_dsn(dsn)
+    for key in ("host", "hostaddr", "port"):
+        values = (params.get(key) or "").split(",")
+        if len(values) > 1:
+            params[key] = values[index]
+    params["target_session_attrs"] = "any"
+    return str(make_dsn(**params))
+
+
+def _identity(db: SourceDatabase) -> tuple[Any, ...]:
+    """What tells two connections to one server from connections to two servers."""
+    rows = db.query("SELECT pg_postmaster_start_time(), current_setting('port')")
+    return tuple(rows[0])
+
+
+def _names(setting: str) -> list[str]:
+    """Slot names of a list setting; slot names are [a-z0-9_], so quotes only wrap them."""
+    return [name.strip().replace('"', "") for name in setting.split(",") if name.strip()]
+
+
+def _failover_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckResult]:
+    """With ``postgres.failover``: is the slot going to survive a promotion, and if not, why.
+
+    On the primary: ``synchronized_standby_slots`` and the standbys' physical
+    slots. On each other server of the DSN (and for each standby
+    ``pg_stat_replication`` shows): what PostgreSQL 17 needs to synchronize
+    the slot there (docs/failover.md).
+    """
+    pg = config.postgres
+    if not pg.failover:
+        return
+    try:
+        require_failover(db.server_version, pg.failover)
+    except CdcdError as exc:
+        yield CheckResult(False, f"failover: {exc}")
+        return
+    servers = dsn_servers(pg.dsn)
+    attrs = parse_dsn(pg.dsn).get("target_session_attrs", "any")
+    if len(servers) < 2:
+        yield CheckResult(
+            False,
+            "failover: postgres.dsn names one server, so after a promotion cdcd cannot reach the "
+            "new primary; list the standbys too, with target_session_attrs=read-write "
+            "(host=primary,standby port=5432,5432 ... target_session_attrs=read-write)",
+        )
+    elif attrs not in ("read-write", "primary"):
+        yield CheckResult(
+            False,
+            f"failover: postgres.dsn lists {len(servers)} servers with target_session_attrs="
+            f"{attrs}: libpq may connect to a standby, where cdcd cannot stream; add "
+            "target_session_attrs=read-write",
+        )
+    here = f"{db.conn.info.host}:{db.conn.info.port}"
+    if len(servers) >= 2 and attrs in ("read-write", "primary"):
+        yield CheckResult(
+            True,
+            f"failover: postgres.dsn lists {len(servers)} servers (target_session_attrs={attrs}); "
+            f"the primary now: {here}",
+        )
+    physical = {
+        str(name): (bool(active), reason)
+        for name, active, reason in db.query(
+            "SELECT slot_name, active, coalesce(invalidation_reason, wal_status) "
+            "FROM pg_replication_slots WHERE slot_type = 'physical'"
+        )
+    }
+    standby_slots = _names(db.setting("synchronized_standby_slots"))
+    if not standby_slots:
+        named = ", ".join(sorted(physical)) or "<the standby's slot>"
+        yield CheckResult(
+            False,
+            f"failover: synchronized_standby_slots is empty on the primary ({here}): cdcd may be "
+            "sent changes a standby has not received, and after its promotion the slot would be "
+            "ahead of its data; set it to the physical slots of the standbys that may be "
+            f"promoted: ALTER SYSTEM SET synchronized_standby_slots = '{named}'; "
+            "SELECT pg_reload_conf()",
+        )
+    for name in standby_slots:
+        state = physical.get(name)
+        if state is None:
+            yield CheckResult(
+                False,
+                f"failover: synchronized_standby_slots names {name}, which is no physical slot "
+                f"on the primary ({here}): the primary holds back every change for cdcd until "
+                "it exists; create it for the standby (its primary_slot_name) or remove the name",
+            )
+        elif state[1] == "lost" or (state[1] or "").endswith("removed"):
+            yield CheckResult(
+                False,
+                f"failover: standby slot {name} is invalidated ({state[1]}): the primary holds "
+                "back every change for cdcd; rebuild that standby, or remove the name from "
+                "synchronized_standby_slots",
+            )
+        elif not state[0]:
+            yield CheckResult(
+                False,
+                f"failover: standby slot {name} is not in use (its standby is down or not "
+                "streaming): the primary holds back every change for cdcd until that standby "
+                "confirms it; start the standby, or remove the name from "
+                "synchronized_standby_slots",
+            )
+        else:
+            yield CheckResult(True, f"failover: standby slot {name} is in use and waited for")
+    if not physical:
+        yield CheckResult(
+            False,
+            f"failover: no physical replication slot on the primary ({here}): a standby "
+            "synchronizes failover slots only while it streams through one; "
+            "SELECT pg_create_physical_replication_slot('<name>') and set primary_slot_name "
+            "on the standby",
+        )
+    primary_slot = db.slot_info(pg.slot)
+    checked: set[str] = set()
+    for index, (host, port) in enumerate(servers if len(servers) > 1 else ()):
+        where = f"{host}:{port}"
+        if where == here:
+            continue
+        yield from _standby_checks(
+            config, _server_dsn(pg.dsn, index), where, physical, standby_slots, primary_slot,
+            checked, _identity(db),
+        )
+    for app, address, slot in db.query(
+        "SELECT r.application_name, host(r.client_addr), s.slot_name FROM pg_stat_replication r "
+        "LEFT JOIN pg_replication_slots s ON s.active_pid = r.pid "
+        "WHERE s.slot_type IS DISTINCT FROM 'logical'"
+    ):
+        if slot is not None and slot in checked:
+            continue
+        who = f"standby {app or '(no application_name)'} at {address or 'a local socket'}"
+        if slot is None:
+            yield CheckResult(
+                False,
+                f"failover: {who} streams from the primary without a physical slot: it cannot "
+                "synchronize the slot; create one and set its primary_slot_name",
+            )
+        else:
+            yield CheckResult(
+                False,
+                f"failover: {who} (slot {slot}) is not in postgres.dsn's host list: its settings "
+                "are unchecked and cdcd cannot follow a promotion to it; add it to host= "
+                "(and port=)",
+            )
+
+
+def _standby_checks(
+    config: CdcdConfig,
+    dsn: str,
+    where: str,
+    physical: dict[str, tuple[bool, str | None]],
+    standby_slots: list[str],
+    primary_slot: SlotInfo | None,
+    checked: set[str],
+    primary: tuple[Any, ...],
+) -> Iterator[CheckResult]:
+    """What one other server of the DSN lacks to keep a synchronized copy of the slot."""
+    pg = config.postgres
+    label = f"failover: standby {where}"
+    try:
+        sdb = SourceDatabase(dsn, timeout_s=pg.connect_timeout_s)
+    except CdcdError as exc:
+        yield CheckResult(False, f"{label}: cannot connect ({exc}), so its settings are unchecked")
+        return
+    with sdb:
+        if not sdb.scalar("SELECT pg_is_in_recovery()"):
+            if _identity(sdb) == primary:
+                return  # the primary under another name (a socket, an alias)
+            yield CheckResult(
+                False,
+                f"{label}: is not a standby but a primary too (a split brain?); cdcd connects to "
+                "whichever libpq finds first",
+            )
+            return
+        problems: list[str] = []
+        settings = dict(
+            sdb.query(
+                "SELECT name, setting FROM pg_settings WHERE name IN ('sync_replication_slots', "
+                "'hot_standby_feedback', 'primary_slot_name', 'wal_level', "
+                "'synchronized_standby_slots')"
+            )
+        )
+        if settings.get("sync_replication_slots") != "on":
+            problems.append(
+                "sync_replication_slots is off, so the slot is not synchronized to it: "
+                "ALTER SYSTEM SET sync_replication_slots = on; SELECT pg_reload_conf()"
+            )
+        if settings.get("hot_standby_feedback") != "on":
+            problems.append(
+                "hot_standby_feedback is off, so the primary may remove catalog rows the "
+                "synchronized slot needs (and slot synchronization does not run): "
+                "ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()"
+            )
+        if settings.get("wal_level") != "logical":
+            problems.append(
+                f"wal_level is {settings.get('wal_level')}: a standby keeps logical slots only "
+                "with wal_level = logical (restart needed)"
+            )
+        own = settings.get("primary_slot_name") or ""
+        if not own:
+            problems.append(
+                "primary_slot_name is not set, so it streams without a physical slot and cannot "
+                "synchronize the slot: create a physical slot on the primary and set "
+                "primary_slot_name to it"
+            )
+        else:
+            checked.add(own)
+            if own not in physical:
+                problems.append(
+                    f"its primary_slot_name {own} is no physical slot on the primary: "
+                    f"SELECT pg_create_physical_replication_slot('{own}') on the primary"
+                )
+            elif own not in standby_slots:
+                problems.append(
+                    f"its slot {own} is not in the primary's synchronized_standby_slots, so "
+                    "cdcd may be sent changes it has not received: add it there"
+                )
+        try:
+            conninfo = str(sdb.scalar("SELECT current_setting('primary_conninfo')") or "")
+            if not parse_dsn(conninfo).get("dbname"):
+                problems.append(
+                    "primary_conninfo names no dbname, which the slot sync worker needs: add "
+                    "dbname=<a database> to primary_conninfo"
+                )
+        except CdcdError as exc:
+            problems.append(
+                f"cannot read primary_conninfo ({exc}); grant pg_read_all_settings to cdcd's "
+                "user to have it checked"
+            )
+        stale = _names(settings.get("synchronized_standby_slots") or "")
+        present = {
+            str(r[0]) for r in sdb.query("SELECT slot_name FROM pg_replication_slots")
+        }
+        missing = [name for name in stale if name not in present]
+        if missing:
+            problems.append(
+                f"its own synchronized_standby_slots names {', '.join(missing)}, which do not "
+                "exist on it (copied with the primary's configuration?): once promoted it would "
+                "hold back every change for cdcd; ALTER SYSTEM RESET synchronized_standby_slots "
+                "on it (set it again for its own standbys after a promotion)"
+            )
+        for problem in problems:
+            yield CheckResult(False, f"{label}: {problem}")
+        synced = sdb.slot_info(pg.slot)
+        if synced is None:
+            if primary_slot is not None and primary_slot.failover:
+                yield CheckResult(
+                    False,
+                    f"{label}: slot {pg.slot} is not synchronized to it (yet); a promotion now "
+                    "would lose it",
+                )
+            elif not problems:
+                yield CheckResult(
+                    True, f"{label}: ready to synchronize slot {pg.slot} once it is a failover slot"
+                )
+        elif synced.invalidated:
+            yield CheckResult(
+                False,
+                f"{label}: its synchronized copy of slot {pg.slot} is invalidated; a promotion "
+                "would need 'cdcd resync'",
+            )
+        elif synced.temporary:
+            yield CheckResult(
+                False,
+                f"{label}: its copy of slot {pg.slot} is still temporary (the standby has not "
+                "caught up with the slot's position yet): a promotion now would drop it",
+            )
+        elif not problems:
+            yield CheckResult(
+                True,
+                f"{label}: slot {pg.slot} synchronized (confirmed {synced.confirmed_flush_lsn})",
+            )
+
+
+def _protocol_check(protocol_version: int, server_version: int) -> CheckResult:
+    """``postgres.protocol_version`` against what the server speaks (``run`` refuses more)."""
+    try:
+        require_protocol(server_version, protocol_version)
+    except CdcdError as exc:
+        return CheckResult(False, f"protocol_version: {exc}")
+    line = (
+        f"protocol_version: {protocol_version} (PostgreSQL {version_text(server_version)} "
+        f"speaks pgoutput protocol {max_protocol(server_version)} at most)"
+    )
+    if not has_messages(server_version):
+        line += (
+            "; pgoutput sends no logical messages before 14: heartbeats and snapshot "
+            "watermarks are recognised by transaction id"
+        )
+    return CheckResult(True, line)
 
 
 def _publication_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckResult]:
@@ -259,6 +595,27 @@ def _signal_table_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[Che
                 ),
             )
         return
+    if config.schema_changes.resnapshot == "auto":
+        if obstacle is None:
+            yield CheckResult(
+                True,
+                (
+                    f"{label}: absent; `cdcd run` creates it at startup to record table shapes "
+                    "and heal migrations that rewrite rows (schema_changes.resnapshot auto, "
+                    "docs/schema-changes.md)"
+                ),
+            )
+        else:
+            yield CheckResult(
+                False,
+                (
+                    f"{label}: absent and cannot be created ({obstacle}); `cdcd run` streams, but "
+                    "tracks schema changes in memory only and does not heal migrations that "
+                    "rewrite rows; create it as a user allowed to and grant SELECT, INSERT, UPDATE "
+                    "(docs/snapshots.md), or set schema_changes.resnapshot never"
+                ),
+            )
+        return
     if obstacle is None:
         yield CheckResult(
             True,
@@ -359,7 +716,7 @@ def table_schemas(config: CdcdConfig) -> list[dict[str, Any]]:
             topic = table_topic(config.kafka.topic_prefix, schema, table)
             out.append(
                 {
-                    "table": f"{schema}.{table}",
+                    "table": format_table(schema, table),
                     "topic": topic,
                     "key": key_schema(topic, version),
                     "value": envelope_schema(topic, version),

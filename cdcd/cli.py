@@ -1,4 +1,4 @@
-"""Command line (SPEC §2): ``cdcd run | check | schemas | demo | bench | mirror | snapshot``.
+"""Command line (SPEC §2): ``cdcd run | check | schemas | demo | bench | mirror | snapshot | resync``.
 
 Errors are one line on stderr naming the field, table or server and what to
 do; ``--debug`` adds the traceback. Exit codes (``CdcdError.exit_code``): 0 ok,
@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot = sub.add_parser("snapshot", help="request an incremental snapshot of a table")
     _config_arg(snapshot)
     snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE")
+    resync = sub.add_parser(
+        "resync",
+        help="after a lost or invalidated slot: a new slot and a snapshot of every table",
+    )
+    _config_arg(resync)
     # --debug is accepted after the subcommand too (``cdcd run -c FILE --debug``).
     for command in sub.choices.values():
         command.add_argument(
@@ -129,6 +134,33 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resync(args: argparse.Namespace) -> int:
+    from cdcd.pipeline.resync import resync
+
+    config = load_config(args.config)
+    result = resync(config)
+    if result.dropped:
+        print(f"dropped slot {result.slot}: {result.dropped}")
+    print(
+        f"{'created' if result.created else 'kept the healthy'} slot {result.slot}: "
+        f"the stream starts after {result.start}"
+    )
+    if result.job_id is None:
+        print("no captured tables: nothing to snapshot")
+        return 0
+    print(
+        f"published a truncate (op=t) just below {result.start} for each of {len(result.tables)} "
+        "tables: "
+        "consumers drop what they hold, including rows deleted while the slot was lost"
+    )
+    print(
+        f"requested incremental snapshot {result.job_id} of {', '.join(result.tables)}; "
+        f"start the daemon (cdcd run -c {args.config}) to run it while streaming; progress: "
+        f"SELECT status, progress FROM {result.signal_table} WHERE id = '{result.job_id}'"
+    )
+    return 0
+
+
 # The optional dependencies of each command, by top-level module, with the
 # extra that installs them (pyproject.toml). Only these may be missing: any
 # other ImportError is a broken installation or a bug and propagates as is.
@@ -180,6 +212,7 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         "check": cmd_check,
         "schemas": cmd_schemas,
         "snapshot": cmd_snapshot,
+        "resync": cmd_resync,
         "demo": _lazy("demo", "cdcd.demo", "cmd_demo"),
         "bench": _lazy("bench", "cdcd.bench", "cmd_bench"),
         "mirror": _lazy("mirror", "cdcd.spark.cli", "cmd_mirror"),

@@ -22,15 +22,22 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
+
+import psycopg2
+import psycopg2.errors
+from confluent_kafka import KafkaException
 
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import ConfigError, DefiniteError, StartupRetriesExhausted, TransientError
 from cdcd.observability import systemd
 from cdcd.observability.http import Health, MetricsServer
 from cdcd.observability.http import start as start_http
-from cdcd.observability.metrics import Metrics
+from cdcd.observability.metrics import Metrics, ReconnectReason
 from cdcd.pipeline.session import Session, SessionState
+from cdcd.sink.producer import ProducerFatalError
+from cdcd.source.slot_holder import SlotInUseError
 
 log = logging.getLogger("cdcd.daemon")
 
@@ -42,6 +49,71 @@ BACKOFF_RESET_AFTER_S = 60.0
 #: this long, then the daemon exits 1 (not 3: a server that is down may come
 #: back, so systemd/Kubernetes restart policies take over).
 STARTUP_RETRY_S = 30.0
+
+
+#: The exception types behind a transient error, most specific first: the
+#: first rule that matches any exception in the chain names the reason.
+#: ObjectInUse is what the walsender answers while another connection holds
+#: the slot (SQLSTATE 55006).
+_TYPE_REASONS: tuple[tuple[tuple[type[BaseException], ...], ReconnectReason], ...] = (
+    ((SlotInUseError, psycopg2.errors.ObjectInUse), "slot_in_use"),
+    ((psycopg2.errors.QueryCanceled, psycopg2.errors.LockNotAvailable), "postgres_timeout"),
+    ((psycopg2.Error,), "postgres"),
+    ((ProducerFatalError, KafkaException), "kafka"),
+)
+
+#: For errors cdcd detects itself (no PostgreSQL or Kafka exception behind
+#: them, e.g. a libpq status update that failed, a delivery report with an
+#: error): the module that raised it. The session raises such errors only
+#: for messages Kafka did not acknowledge (a failed delivery report, a schema
+#: publication that timed out), hence ``delivery``.
+_ORIGIN_REASONS: tuple[tuple[str, ReconnectReason], ...] = (
+    ("cdcd.source.", "postgres"),
+    ("cdcd.snapshot.", "postgres"),
+    ("cdcd.envelope.wire", "schema_registry"),
+    ("cdcd.sink.", "kafka"),
+    ("cdcd.pipeline.session", "delivery"),
+)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions behind it, in the order a traceback shows them."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+
+
+def _raised_in(exc: BaseException) -> str:
+    """The module of the frame that raised ``exc`` (the innermost traceback entry)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", ""))
+
+
+def reconnect_reason(exc: BaseException) -> ReconnectReason:
+    """The ``reason`` label of ``cdcd_reconnects_total`` for a transient ``exc``.
+
+    A closed vocabulary (``RECONNECT_REASONS``, explained in
+    docs/operations.md): exception class names would make the label set
+    unbounded and change whenever a library renames a class.
+    """
+    chain = list(_chain(exc))
+    for types, reason in _TYPE_REASONS:
+        if any(isinstance(link, types) for link in chain):
+            return reason
+    origin = _raised_in(exc)
+    for prefix, reason in _ORIGIN_REASONS:
+        if origin.startswith(prefix):
+            return reason
+    return "other"
 
 
 class _DaemonState(SessionState):
@@ -124,9 +196,11 @@ class Daemon:
                         ) from exc
                     if time.monotonic() - started > BACKOFF_RESET_AFTER_S:
                         backoff = BACKOFF_INITIAL_S
-                    reason = type(exc.__cause__ or exc).__name__
+                    reason = reconnect_reason(exc)
                     self.metrics.reconnect(reason)
-                    log.warning("%s; reconnecting in %.0f s", exc, backoff)
+                    log.warning(
+                        "%s; reconnecting in %.0f s", exc, backoff, extra={"reason": reason}
+                    )
                     self.health.set_ready(False, f"reconnecting: {exc}")
                     # Waiting on the event keeps the stop signal responsive.
                     deadline = time.monotonic() + backoff

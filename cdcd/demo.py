@@ -10,7 +10,8 @@ trickle of changes from a background thread and runs the *real* daemon
 
 What it prints comes from Kafka, not from the daemon: a plain confluent-kafka
 consumer reads the topics and decodes every envelope with plain fastavro and
-the writer schemas of ``<prefix>._schemas``, exactly as any consumer would.
+the writer schemas of ``<prefix>._schemas`` (read by :mod:`cdcd.consumer`,
+as ``cdcd.spark`` reads them), exactly as any consumer would.
 So what scrolls by is proof that the messages are readable by third parties.
 Messages are shown in (``cdcd.lsn``, ``cdcd.seq``) order, the order consumers
 de-duplicate and apply on; a short hold time reorders what arrives from
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import io
 import itertools
 import json
 import logging
@@ -54,10 +54,10 @@ from decimal import Decimal
 from types import FrameType
 from typing import Any, TextIO
 
-import fastavro
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from cdcd.config.model import CdcdConfig, parse_config
+from cdcd.consumer import SchemaCatalog
 from cdcd.daemon import Daemon
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
 from cdcd.local import BrokerSetupError, LocalBroker, LocalPostgres, PostgresSetupError
@@ -65,7 +65,6 @@ from cdcd.local.workload import orders_ddl
 from cdcd.naming import (
     LSN_HEADER,
     SEQ_HEADER,
-    SINGLE_OBJECT_MAGIC,
     message_topic,
     schemas_topic,
     table_topic,
@@ -601,65 +600,6 @@ def _check_message(msg: Any) -> bool:
     raise DefiniteError(f"demo consumer: {err.str()}", hint="see the broker log (run with --debug)")
 
 
-class SchemaBook:
-    """Writer schemas from ``<prefix>._schemas``, keyed by fingerprint hex.
-
-    cdcd publishes a schema before the first message that uses it, but a
-    consumer can fetch the message first (it is on another topic), so an
-    unknown fingerprint makes this read the schemas topic until it shows up.
-    """
-
-    def __init__(self, bootstrap: str, prefix: str) -> None:
-        self._topic = schemas_topic(prefix)
-        self._consumer = _consumer(bootstrap)
-        self._assigned = False
-        self._schemas: dict[str, Any] = {}
-
-    def _assign(self) -> None:
-        metadata = self._consumer.list_topics(self._topic, timeout=5)
-        info = metadata.topics.get(self._topic)
-        if info is None or info.error is not None or not info.partitions:
-            return
-        self._consumer.assign(
-            [TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in sorted(info.partitions)]
-        )
-        self._assigned = True
-
-    def get(self, fingerprint: str, timeout_s: float = 15.0) -> Any:
-        """The parsed writer schema for ``fingerprint`` (waiting for it if needed)."""
-        deadline = time.monotonic() + timeout_s
-        while fingerprint not in self._schemas:
-            if time.monotonic() > deadline:
-                raise DefiniteError(
-                    f"schema {fingerprint} never appeared on {self._topic}",
-                    hint="cdcd publishes every schema before first use; this is a bug",
-                )
-            if not self._assigned:
-                self._assign()
-                if not self._assigned:
-                    time.sleep(0.1)
-                    continue
-            msg = self._consumer.poll(0.1)
-            if msg is None or not _check_message(msg) or msg.value() is None:
-                continue
-            self._schemas[msg.key().decode()] = fastavro.parse_schema(json.loads(msg.value()))
-        return self._schemas[fingerprint]
-
-    def decode(self, data: bytes) -> dict[str, Any]:
-        """Decode single-object encoding: ``C3 01``, 8-byte fingerprint, Avro binary."""
-        if data[:2] != SINGLE_OBJECT_MAGIC:
-            raise DefiniteError(f"not Avro single-object encoding: {data[:10]!r}")
-        schema = self.get(data[2:10].hex())
-        record = fastavro.schemaless_reader(io.BytesIO(data[10:]), schema, None)
-        if not isinstance(record, dict):
-            raise DefiniteError(f"expected an Avro record, decoded {type(record).__name__}")
-        return record
-
-    def close(self) -> None:
-        """Leave the broker."""
-        self._consumer.close()
-
-
 class ChangeFeed:
     """Reads the table topics, decodes envelopes and hands them out in commit order.
 
@@ -673,7 +613,8 @@ class ChangeFeed:
     def __init__(self, bootstrap: str, prefix: str) -> None:
         self._prefix = prefix
         self._consumer = _consumer(bootstrap)
-        self._schemas = SchemaBook(bootstrap, prefix)
+        # Writer schemas: read from <prefix>._schemas as any consumer would.
+        self._schemas = SchemaCatalog(prefix, bootstrap_servers=bootstrap)
         self._assigned: set[str] = set()
         self._next_lookup = 0.0
         self._heap: list[tuple[int, int, int, float, DecodedChange]] = []
@@ -720,7 +661,12 @@ class ChangeFeed:
         if not self._assigned:
             time.sleep(timeout_s)
             return
-        for msg in self._consumer.consume(num_messages=500, timeout=timeout_s):
+        messages = self._consumer.consume(num_messages=500, timeout=timeout_s)
+        if messages:
+            # Their writer schemas were published before them; one may replace an
+            # earlier schema under the same fingerprint (see cdcd.consumer).
+            self._schemas.refresh()
+        for msg in messages:
             if _check_message(msg):
                 self._add(msg)
 
@@ -757,10 +703,7 @@ class ChangeFeed:
 
     def close(self) -> None:
         """Leave the broker (before it is stopped, so librdkafka does not complain)."""
-        try:
-            self._consumer.close()
-        finally:
-            self._schemas.close()
+        self._consumer.close()
 
 
 # ---------------------------------------------------------------------------- demo

@@ -5,8 +5,11 @@
 - ``pg`` (function): a fresh database on ``pg_cluster``
   (:class:`support.pg.PgDatabase`); afterwards its walsenders are
   terminated, its slots dropped, then the database itself.
-- ``make_pg_cluster`` (function): factory ``make_pg_cluster(settings=...)``
-  for tests that need their own cluster (custom settings, restarts, crashes).
+- ``make_pg_cluster`` (function): factory ``make_pg_cluster(settings=...,
+  version=...)`` for tests that need their own cluster (custom settings,
+  restarts, crashes, another PostgreSQL major: ``version=12``).
+- ``pg_versions`` (session): the PostgreSQL majors installed here
+  (``cdcd.local.postgres.installed_versions``; ``.ci/setup`` installs 12-18).
 - ``broker`` (session): :class:`cdcd.local.LocalBroker`, in-memory storage.
   Tests that freeze or restart a broker should use ``make_broker()`` instead;
   a session broker left frozen by a failed test is thawed afterwards.
@@ -21,6 +24,7 @@ Nothing here starts unless a test asks for it, so unit tests stay fast.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import re
 import sys
@@ -36,7 +40,7 @@ from support.cdc import DaemonProcess, write_config
 from support.pg import PgDatabase
 
 from cdcd.local import LocalBroker, LocalPostgres
-from cdcd.local.postgres import SettingValue
+from cdcd.local.postgres import SettingValue, installed_versions
 
 _db_counter = itertools.count(1)
 
@@ -70,11 +74,13 @@ def pg(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[Pg
 
 @pytest.fixture
 def make_pg_cluster() -> Iterator[Callable[..., LocalPostgres]]:
-    """Factory for private clusters: ``make_pg_cluster(settings={...})``."""
+    """Factory for private clusters: ``make_pg_cluster(settings={...}, version=12)``."""
     clusters: list[LocalPostgres] = []
 
-    def make(settings: Mapping[str, SettingValue] | None = None) -> LocalPostgres:
-        cluster = LocalPostgres.start(settings=settings)
+    def make(
+        settings: Mapping[str, SettingValue] | None = None, version: int | None = None
+    ) -> LocalPostgres:
+        cluster = LocalPostgres.start(settings=settings, version=version)
         clusters.append(cluster)
         return cluster
 
@@ -83,6 +89,12 @@ def make_pg_cluster() -> Iterator[Callable[..., LocalPostgres]]:
     finally:
         for cluster in clusters:
             cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def pg_versions() -> dict[int, Path]:
+    """Installed PostgreSQL majors -> bin directory (Debian's 15 and what setup installed)."""
+    return installed_versions()
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +133,10 @@ def make_broker() -> Iterator[Callable[..., LocalBroker]]:
     try:
         yield make
     finally:
+        # Clients the test left in reference cycles (a sink and its tracker)
+        # would keep connections open, and tansu waits for them on SIGTERM
+        # until LocalBroker kills it 5 s later.
+        gc.collect()
         for instance in brokers:
             instance.cleanup()
 

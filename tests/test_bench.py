@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def test_bench_json_has_the_spec_keys() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cdcd", "bench", "--json", "--rows", "20000", "--big-rows", "20000",
-         "--latency-seconds", "3", "--offered-rows-per-s", "2000"],
+         "--latency-seconds", "1", "--offered-rows-per-s", "2000"],
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -34,3 +34,11 @@ def test_bench_json_has_the_spec_keys() -> None:
                                               rel=0.01)
     assert 0 < data["latency_ms"]["p50"] <= data["latency_ms"]["p99"] <= data["latency_ms"]["max"]
     assert data["peak_rss_mb"] > 10
+    # CPU per row of cdcd (all threads) and of the walsender serving pg_recvlogical.
+    assert data["cdcd_cpu_us_per_row"] > 0 and data["walsender_cpu_us_per_row"] > 0
+    assert data["cpu_ratio"] == pytest.approx(
+        data["cdcd_cpu_us_per_row"] / data["walsender_cpu_us_per_row"], rel=0.02
+    )
+    assert data["cpu_count"] >= 1
+    assert data["snapshot"]["rows"] == 20000 and data["snapshot"]["rows_per_s"] > 0
+    assert data["snapshot"]["cdcd_cpu_us_per_row"] > 0

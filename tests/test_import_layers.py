@@ -10,7 +10,14 @@ import ast
 import subprocess
 import sys
 
-from tests.support.import_layers import ROOT, Site, _targets, import_graph, violations
+from tests.support.import_layers import (
+    ROOT,
+    Site,
+    _allowed,
+    _targets,
+    import_graph,
+    violations,
+)
 
 
 def test_cdcd_has_no_import_cycle_or_upward_import() -> None:
@@ -48,7 +55,11 @@ def test_restricted_packages_and_unknown_packages_are_reported() -> None:
     )
     spark = problems.index("    cdcd/spark/reader.py:1 cdcd.sink.producer")
     assert problems[spark - 1].startswith("spark may only use")
-    assert "    cdcd/spark/reader.py:2 cdcd.sink.topics" not in problems  # the allowed module
+    # admin_config moved to cdcd.config: spark may use no module of sink at all.
+    assert "    cdcd/spark/reader.py:2 cdcd.sink.topics" in problems
+    # An entry ``package.module`` allows that module only.
+    assert _allowed("cdcd.sink.topics", frozenset({"sink.topics"}))
+    assert not _allowed("cdcd.sink.producer", frozenset({"sink.topics"}))
     assert any(p.startswith("local may only be used by bench, demo, not daemon") for p in problems)
     assert any("'nova' has no layer" in p for p in problems)
 

@@ -278,8 +278,29 @@ def test_broker_round_trip_with_keys_and_headers(broker: LocalBroker) -> None:
     for m in got:
         by_key.setdefault(m.key(), set()).add(m.partition())
     assert all(len(parts) == 1 for parts in by_key.values())
-    # Read-until-idle gets everything too, despite tansu's high-watermark bug.
+    # Read-to-the-end gets everything too, despite tansu's high-watermark bug.
     assert len(consume_all(broker.bootstrap_servers, [topic], idle_s=0.5)) == 50
+
+
+def test_consume_all_stops_at_the_end_of_every_partition(broker: LocalBroker) -> None:
+    """Without ``expected`` the read ends where the data ends, not after an idle wait.
+
+    Several batches per partition (tansu's high watermark points at the first
+    record of the last one) and a topic with empty partitions: all is read,
+    and far sooner than the idle window that would end it otherwise.
+    """
+    bootstrap = broker.bootstrap_servers
+    create_topic(bootstrap, "infra.ends", partitions=3)
+    create_topic(bootstrap, "infra.ends_empty", partitions=2)
+    for batch in range(4):
+        records = [(f"k{batch}-{i}".encode(), b"v" * i) for i in range(60)]
+        produce(bootstrap, "infra.ends", records, **{"linger.ms": 20})
+    started = time.monotonic()
+    got = consume_all(bootstrap, ["infra.ends", "infra.ends_empty"], idle_s=90, timeout_s=90)
+    elapsed = time.monotonic() - started
+    assert len(got) == 240
+    assert len({m.partition() for m in got}) == 3
+    assert elapsed < 45, f"{elapsed:.0f} s: the read waited to be idle instead of stopping at the end"
 
 
 def test_consume_all_of_absent_topic_is_empty_and_creates_nothing(broker: LocalBroker) -> None:
@@ -306,6 +327,7 @@ def test_freeze_and_thaw(make_broker: Callable[..., LocalBroker]) -> None:
     pid = own.pid
     assert pid is not None
     own.freeze()
+    del admin  # an open client connection would make tansu's shutdown wait for it
     log = own.log_path
     base = own.base_dir
     assert log.exists()

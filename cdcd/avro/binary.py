@@ -3,7 +3,7 @@
 cdcd writes Avro bytes directly from the bytes PostgreSQL sent instead of
 building Python dicts for a generic writer: a text column becomes a length
 prefix plus the very UTF-8 bytes PostgreSQL sent. These are the shared
-primitives (the float codecs in ``cdcd.decode.values`` pack IEEE 754 with
+primitives (the float codecs in ``cdcd.decode.numeric`` pack IEEE 754 with
 ``struct`` themselves); plain fastavro decodes everything they produce (the
 tests check that).
 

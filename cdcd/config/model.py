@@ -67,11 +67,21 @@ class PostgresConfig(_Model):
         description="schema.table names (or {name: ..., replica_identity: full} entries) to "
         "capture; omitted: every table of the publication",
     )
+    failover: bool = Field(
+        False,
+        description="PostgreSQL 17+: make the slot a failover slot, synchronized to standbys "
+        "that may be promoted (the dsn then lists them: host=a,b target_session_attrs=read-write; "
+        "docs/failover.md); refused on older servers",
+    )
     status_interval_s: float = Field(
         10.0, gt=0, description="standby status interval; must be below wal_sender_timeout/2"
     )
     protocol_version: int = Field(1, ge=1, le=4, description="pgoutput protocol version 1..4")
-    binary: bool = Field(False, description="ask pgoutput for binary column values")
+    binary: bool = Field(
+        False,
+        description="removed: only false is accepted (kept so that older files still load); "
+        "cdcd always asks pgoutput for text values",
+    )
     connect_timeout_s: float = Field(10.0, gt=0, description="connection timeout")
     stream_spill_bytes: int = Field(
         16 * 1024 * 1024,
@@ -79,6 +89,17 @@ class PostgresConfig(_Model):
         description="streamed (v2) transactions bigger than this spill to a local file",
     )
     spill_dir: str | None = Field(None, description="directory for spill files; default: temp dir")
+
+    @field_validator("binary")
+    @classmethod
+    def _check_binary(cls, binary: bool) -> bool:
+        if binary:
+            # "message; hint", as ConfigError prints it.
+            raise ValueError(
+                "binary mode was removed; delete the key or set it to false: measured, text "
+                "values are as fast on the server and faster in cdcd (docs/performance.md)"
+            )
+        return binary
 
     @field_validator("tables")
     @classmethod
@@ -172,6 +193,15 @@ class SnapshotConfig(_Model):
     signal_table: str = Field("cdcd_signal", description="table polled for incremental snapshots")
 
 
+class SchemaChangesConfig(_Model):
+    resnapshot: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto | never: re-snapshot a table after a migration that changed its rows "
+        "without row changes in the WAL (a rewrite); never logs one warning per skipped heal "
+        "(docs/schema-changes.md)",
+    )
+
+
 class MetricsConfig(_Model):
     listen: str = Field(
         "0.0.0.0:9187",
@@ -214,6 +244,7 @@ class CdcdConfig(_Model):
     kafka: KafkaConfig
     schema_registry: SchemaRegistryConfig = Field(default_factory=lambda: SchemaRegistryConfig())
     snapshot: SnapshotConfig = Field(default_factory=lambda: SnapshotConfig())
+    schema_changes: SchemaChangesConfig = Field(default_factory=lambda: SchemaChangesConfig())
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     heartbeat: HeartbeatConfig = Field(default_factory=lambda: HeartbeatConfig())
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cdcd.decode.types import TypeCatalog
 from cdcd.decode.values import ColumnCodec, column_codec
@@ -38,6 +39,17 @@ DimensionsLookup = Callable[[int], dict[str, int]]
 
 
 @dataclass(frozen=True, slots=True)
+class ColumnDefault:
+    """The value a row written before the column existed has (a fast default).
+
+    ``value`` is Avro's JSON encoding of it for the column's Avro type, as a
+    schema's field ``default`` holds it.
+    """
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
 class TableVersion:
     """One version of a captured table's shape, with everything the hot path needs."""
 
@@ -49,6 +61,22 @@ class TableVersion:
     columns: tuple[Column, ...]
     codecs: tuple[ColumnCodec, ...]
     key_indexes: tuple[int, ...]  # positions of the Kafka key columns, empty: null key
+    #: What schema-change tracking learnt (``cdcd.pipeline.schema_changes``),
+    #: per column; empty tuples: nothing. The Relation message alone never
+    #: says this: a default and a column's earlier names come from the catalog.
+    defaults: tuple[ColumnDefault | None, ...] = ()
+    aliases: tuple[tuple[str, ...], ...] = ()
+    #: Key columns that stay nullable in the row record because an earlier
+    #: schema had them nullable (so older records still resolve).
+    optional: tuple[bool, ...] = ()
+    #: Made by a snapshot from the catalog, not by the stream: version numbers
+    #: of the two caches are independent, so caches keyed by version tell them apart.
+    snapshot: bool = False
+
+    @property
+    def cache_key(self) -> tuple[int, int, bool]:
+        """Identifies the version among both caches' (stream and snapshot)."""
+        return (self.relation_id, self.version, self.snapshot)
 
     @property
     def qualified_name(self) -> str:
@@ -57,6 +85,16 @@ class TableVersion:
     @property
     def column_names(self) -> tuple[str, ...]:
         return tuple(column.name for column in self.columns)
+
+    def default_of(self, index: int) -> ColumnDefault | None:
+        return self.defaults[index] if self.defaults else None
+
+    def aliases_of(self, index: int) -> tuple[str, ...]:
+        return self.aliases[index] if self.aliases else ()
+
+    def nullable(self, index: int) -> bool:
+        """Whether column ``index`` is a union with null in the row record."""
+        return index not in self.key_indexes or (bool(self.optional) and self.optional[index])
 
 
 def _shape(message: Relation) -> tuple[object, ...]:
@@ -76,8 +114,11 @@ class RelationCache:
         catalog: TypeCatalog,
         key_lookup: KeyLookup | None = None,
         dimensions_lookup: DimensionsLookup | None = None,
+        *,
+        snapshot: bool = False,
     ) -> None:
         self._catalog = catalog
+        self._snapshot = snapshot
         self._key_lookup = key_lookup
         self._dimensions_lookup = dimensions_lookup
         self._current: dict[int, TableVersion] = {}
@@ -103,6 +144,7 @@ class RelationCache:
             columns=message.columns,
             codecs=self._codecs(message),
             key_indexes=self._key_indexes(message),
+            snapshot=self._snapshot,
         )
         self._current[message.relation_id] = version
         self._shapes[message.relation_id] = shape

@@ -1,7 +1,7 @@
 """Change envelopes written as Avro bytes straight from pgoutput's bytes.
 
 For each table version an ``TableEncoder`` is prepared once: per column the
-codec's text/binary converter and the union branch byte, the constant part of
+codec's text converter and the union branch byte, the constant part of
 the ``source`` record (version, connector, name, db, schema, table), and the
 wire-format headers of its key and value schemas. Per transaction a
 ``TxnStamp`` holds the bytes shared by all of its changes (txId, commit LSN,
@@ -23,7 +23,8 @@ Envelope rules (SPEC §4, §5):
   the value, which is then used and not listed.
 
 A value that cannot be converted is an ``EncodeError`` naming table, column
-and LSN; nothing is skipped.
+and LSN; nothing is skipped. So is a binary (``b``) value: cdcd never asks
+pgoutput for them, so one is a protocol violation, not data to convert.
 """
 
 from __future__ import annotations
@@ -44,8 +45,15 @@ from cdcd.avro.binary import (
     encode_string,
 )
 from cdcd.decode.relations import TableVersion
-from cdcd.envelope.rowcode import compile_key_encoder, compile_row_encoder
-from cdcd.envelope.schemas import envelope_schema, key_schema
+from cdcd.envelope.rowcode import (
+    NATIVE,
+    BinaryValueRefused,
+    ChangeEncoder,
+    compile_change_encoder,
+    compile_key_encoder,
+    compile_row_encoder,
+)
+from cdcd.envelope.schemas import envelope_schema, key_schema, value_first
 from cdcd.envelope.wire import WireFormat
 from cdcd.errors import EncodeError
 from cdcd.naming import table_topic
@@ -63,6 +71,9 @@ OP_UPDATE = encode_string("u")
 OP_DELETE = encode_string("d")
 OP_READ = encode_string("r")
 OP_TRUNCATE = encode_string("t")
+
+#: A 'b' value breaks the protocol as cdcd requests it: nothing in the data to fix.
+_BINARY_HINT = "this is a bug or an unsupported server version; report it with the server version"
 
 
 class TxnStamp(NamedTuple):
@@ -88,9 +99,13 @@ _last_now: tuple[int, bytes] = (-1, b"")
 _last_commit: tuple[int, bytes] = (-1, b"")
 
 
-def make_stamp(xid: int, lsn: Lsn, commit_ts_ms: int, snapshot: bool = False) -> TxnStamp:
+def make_stamp_python(
+    xid: int, lsn: Lsn, commit_ts_ms: int, snapshot: bool = False, now_ms: int | None = None
+) -> TxnStamp:
+    """The stamp of a transaction; ``now_ms`` (processing time) defaults to the clock."""
     global _last_now, _last_commit
-    now_ms = time.time_ns() // 1_000_000
+    if now_ms is None:
+        now_ms = time.time_ns() // 1_000_000
     if now_ms != _last_now[0]:
         _last_now = (now_ms, encode_long(now_ms))
     if commit_ts_ms != _last_commit[0]:
@@ -108,18 +123,27 @@ def make_stamp(xid: int, lsn: Lsn, commit_ts_ms: int, snapshot: bool = False) ->
     )
 
 
+#: ``make_stamp(xid, lsn, commit_ts_ms, snapshot=False, now_ms=None)``: the compiled
+#: twin of :func:`make_stamp_python` (one per transaction) where it is built.
+make_stamp: Callable[..., TxnStamp] = make_stamp_python
+if NATIVE is not None:
+    NATIVE.configure_stamp(TxnStamp, make_stamp_python)
+    make_stamp = NATIVE.make_stamp
+
+
 class TableEncoder:
     """Prepared encoder for one table version (see ``cdcd.envelope.rowcode``)."""
 
     __slots__ = (
-        "_binary",
         "_branches",
         "_encode_key",
         "_encode_row",
         "_key_indexes",
         "_names",
+        "_separate_key",
         "_source_prefix",
         "_text",
+        "encode_change",
         "key_header",
         "key_schema",
         "table",
@@ -139,34 +163,50 @@ class TableEncoder:
             wire.header(topic, "key", self.key_schema) if self.key_schema is not None else b""
         )
         self.value_header = wire.header(topic, "value", self.value_schema)
-        keys = set(table.key_indexes)
         self._key_indexes = table.key_indexes
         self._names = table.column_names
         self._text: tuple[Callable[[bytes], bytes], ...] = tuple(c.from_text for c in table.codecs)
-        self._binary: tuple[Callable[[bytes], bytes], ...] = tuple(
-            c.from_binary for c in table.codecs
-        )
+        first = tuple(value_first(table, i) for i in range(len(table.columns)))
         self._branches = tuple(
-            b"" if i in keys else VALUE_BRANCH for i in range(len(table.columns))
+            b"" if not table.nullable(i) else NULL_BRANCH if first[i] else VALUE_BRANCH
+            for i in range(len(table.columns))
         )
+        # The key is joined from the row's key-column bytes only when those
+        # are plain values; a key column kept nullable in the row record
+        # carries a union branch there, so its key is encoded on its own.
+        self._separate_key = any(table.nullable(i) for i in table.key_indexes)
+        null_branches = tuple(VALUE_BRANCH if f else NULL_BRANCH for f in first)
         self._encode_key = (
-            compile_key_encoder(
-                self.key_header, self._key_indexes, self._names, self._text, self._binary
-            )
+            compile_key_encoder(self.key_header, self._key_indexes, self._names, self._text)
             if self._key_indexes
             else None
         )
         self._encode_row = compile_row_encoder(
             self._names,
             self._text,
-            self._binary,
             self._branches,
             self.key_header,
-            self._key_indexes if self._encode_key is not None else (),
+            self._key_indexes if self._encode_key is not None and not self._separate_key else (),
+            null_branches,
         )
         self._source_prefix = b"".join(
             encode_string(s)
             for s in (__version__, "cdcd", server_name, database, table.schema, table.table)
+        )
+        # The hot path's entry: the compiled twin of change() where the C
+        # extension is built (it calls change() for whatever it leaves to Python).
+        self.encode_change: ChangeEncoder = (
+            compile_change_encoder(
+                self._text,
+                self._branches,
+                null_branches,
+                self._key_indexes,
+                self.key_header,
+                self.value_header,
+                self._source_prefix,
+                self.change,
+            )
+            or self.change
         )
 
     # -- rows -----------------------------------------------------------------
@@ -182,12 +222,17 @@ class TableEncoder:
                 hint="this is a bug; report it",
             )
         try:
+            if self._separate_key:
+                row, toast, _ = self._encode_row(data, fill)
+                return row, toast, self.key(data, stamp)
             return self._encode_row(data, fill)
         except (ValueError, OverflowError, TypeError) as exc:
             column = self._names[_failed_column(self, data, fill)]
             raise EncodeError(
                 f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
-                hint="fix or remove the value, or exclude the table; cdcd stops rather than skip it",
+                hint=_BINARY_HINT
+                if isinstance(exc, BinaryValueRefused)
+                else "fix or remove the value, or exclude the table; cdcd stops rather than skip it",
             ) from exc
 
     def key(self, data: TupleData, stamp: TxnStamp) -> bytes | None:
@@ -199,7 +244,9 @@ class TableEncoder:
         except (ValueError, OverflowError, TypeError, IndexError) as exc:
             raise EncodeError(
                 f"{self.table.qualified_name}: cannot encode key at LSN {stamp.lsn}: {exc}",
-                hint="check the table's replica identity",
+                hint=_BINARY_HINT
+                if isinstance(exc, BinaryValueRefused)
+                else "check the table's replica identity",
             ) from exc
 
     def key_changed(self, old: TupleData, new: TupleData) -> bool:
@@ -280,9 +327,7 @@ def _failed_column(encoder: TableEncoder, data: TupleData, fill: TupleData | Non
         try:
             if kind == KIND_TEXT:
                 encoder._text[i](value)  # type: ignore[arg-type]
-            elif kind == KIND_BINARY:
-                encoder._binary[i](value)  # type: ignore[arg-type]
-            elif kind == KIND_NULL and not encoder._branches[i]:
+            elif kind == KIND_BINARY or (kind == KIND_NULL and not encoder._branches[i]):
                 return i
         except (ValueError, OverflowError, TypeError):
             return i
@@ -296,13 +341,13 @@ class EnvelopeEncoder:
         self.topic_prefix = topic_prefix
         self.database = database
         self.wire = wire
-        self._encoders: dict[tuple[int, int], TableEncoder] = {}
+        self._encoders: dict[tuple[int, int, bool], TableEncoder] = {}
 
     def topic_for(self, schema: str, table: str) -> str:
         return table_topic(self.topic_prefix, schema, table)
 
     def for_table(self, table: TableVersion) -> TableEncoder:
-        key = (table.relation_id, table.version)
+        key = table.cache_key
         encoder = self._encoders.get(key)
         if encoder is None:
             encoder = TableEncoder(
@@ -312,8 +357,8 @@ class EnvelopeEncoder:
                 self.database,
                 self.wire,
             )
-            # Older versions of the same relation are never used again.
-            for old in [k for k in self._encoders if k[0] == table.relation_id]:
+            # Older versions of the same relation (from the same cache) are never used again.
+            for old in [k for k in self._encoders if k[0] == key[0] and k[2] == key[2]]:
                 del self._encoders[old]
             self._encoders[key] = encoder
         return encoder

@@ -7,26 +7,56 @@ union branch bound as constants, no loop, no per-column list indexing. In
 CPython this runs about twice as fast as the equivalent loop.
 
 Text (``t``) and null (``n``) columns — nearly all of them — are handled
-inline. Binary (``b``) and unchanged-TOAST (``u``) columns go through one
-shared function, ``rare``, which also fills an unchanged value from the old
-row image (REPLICA IDENTITY FULL) or names the column in ``unchanged_toast``.
+inline. Unchanged-TOAST (``u``) columns go through one shared function,
+``rare``, which fills the value from the old row image (REPLICA IDENTITY
+FULL) or names the column in ``unchanged_toast``. A binary (``b``) value is a
+protocol violation (cdcd never asks pgoutput for binary values): ValueError.
+
+Compiled path: where the C extension ``cdcd.envelope._native`` is built (and
+``CDCD_PURE_PYTHON`` is not set), :func:`compile_change_encoder` gives each
+table a C encoder of whole changes (key and envelope) that parses the common
+types' text itself (:func:`native_column`) and hands every rare case back to
+the pure-Python ``TableEncoder.change``, the reference. The tests prove both
+byte-identical (tests/envelope/test_native.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from cdcd.avro.binary import (
     FALSE,
     NULL_BRANCH,
     TRUE,
+    VALUE_BRANCH,
     VALUE_BRANCH_LENGTH,
     VARINT_LAST,
     VARINT_MORE,
     encode_long,
 )
+from cdcd.decode.numeric import decimal_shape
+from cdcd.decode.temporal import DATE_CODEC, TIMESTAMP_CODEC, TIMESTAMPTZ_CODEC
 from cdcd.decode.values import bool_from_text, encode_text_value, int_from_text
 from cdcd.protocol.messages import KIND_BINARY, KIND_TEXT, KIND_UNCHANGED_TOAST, TupleData
+from cdcd.protocol.native import load_native
+
+#: The compiled change encoder, if built and allowed (cdcd.protocol.native).
+NATIVE = load_native("cdcd.envelope._native")
+
+# Column kinds of the compiled encoder: how it parses a column's text
+# (the enum of cdcd/envelope/_native.c).
+K_OTHER, K_STRING, K_INT, K_BOOL, K_DECIMAL, K_TIMESTAMPTZ, K_TIMESTAMP, K_DATE = range(8)
+
+
+class BinaryValueRefused(ValueError):
+    """A TupleData value in binary format ('b'): cdcd never asks pgoutput for one."""
+
+    def __init__(self, column: str) -> None:
+        super().__init__(
+            f"{column}: value sent in binary format ('b'), which cdcd never asks pgoutput for"
+        )
+
 
 Converter = Callable[[bytes], bytes]
 RowEncoder = Callable[
@@ -42,39 +72,43 @@ def _null_key(column: str) -> bytes:
 def compile_row_encoder(
     names: Sequence[str],
     text: Sequence[Converter],
-    binary: Sequence[Converter],
     branches: Sequence[bytes],
     key_header: bytes = b"",
     key_indexes: Sequence[int] = (),
+    null_branches: Sequence[bytes] | None = None,
 ) -> RowEncoder:
     """``encode(data, fill) -> (record bytes, unchanged TOAST names or None, key or None)``.
 
     ``branches[i]`` is ``b"\\x02"`` for a nullable column (union branch 1 of
-    ``["null", T]``) and ``b""`` for a key column (plain ``T``). With
+    ``["null", T]``) and ``b""`` for a key column (plain ``T``);
+    ``null_branches[i]`` the bytes of a null (default ``b"\\x00"``, branch 0).
+    A ``[T, "null"]`` column (one with a default) has ``b"\\x00"`` and
+    ``b"\\x02"``. With
     ``key_indexes``, the Kafka key (``key_header`` then the key columns) is
     assembled from the very bytes of the row's key columns, so a change's key
     costs one join instead of a second conversion; without, it is None.
     """
     count = len(names)
+    nulls = tuple(null_branches) if null_branches is not None else (NULL_BRANCH,) * count
 
     def rare(
         i: int, kind: int, value: bytes | None, fill: TupleData | None, toast: list[str] | None
     ) -> tuple[bytes, bytes, list[str] | None]:
-        if kind == KIND_BINARY:
-            return branches[i], binary[i](value), toast  # type: ignore[arg-type]
         if kind != KIND_UNCHANGED_TOAST:
+            if kind == KIND_BINARY:
+                raise BinaryValueRefused(names[i])
             raise ValueError(f"unexpected TupleData kind {chr(kind)!r}")
         if fill is not None:
             old_kind = fill.kinds[i]
             if old_kind == KIND_TEXT:
                 return branches[i], text[i](fill.values[i]), toast  # type: ignore[arg-type]
             if old_kind == KIND_BINARY:
-                return branches[i], binary[i](fill.values[i]), toast  # type: ignore[arg-type]
+                raise BinaryValueRefused(names[i])
         if not branches[i]:
             raise ValueError(f"unchanged TOAST value in key column {names[i]}")
         toast = [] if toast is None else toast
         toast.append(names[i])
-        return NULL_BRANCH, b"", toast
+        return nulls[i], b"", toast
 
     if count == 0:
         return lambda data, fill: (b"", None, None)
@@ -101,9 +135,10 @@ def compile_row_encoder(
         namespace[f"T{i}"] = text[i]
         namespace[f"B{i}"] = branches[i]
         namespace[f"C{i}"] = names[i]
-        null = f"b{i} = _null_key(C{i})" if not branches[i] else f"b{i} = N"
+        namespace[f"N{i}"] = nulls[i]
+        null = f"b{i} = _null_key(C{i})" if not branches[i] else f"b{i} = N{i}"
         lines.append(f"    if k{i} == 116:")
-        lines += [f"        {line}" for line in _inline_text(i, text[i], bool(branches[i]))]
+        lines += [f"        {line}" for line in _inline_text(i, text[i], branches[i])]
         lines += [
             f"    elif k{i} == 110:",
             f"        {null}; p{i} = E",
@@ -119,14 +154,13 @@ def compile_row_encoder(
     else:
         key = "None"
     lines.append(f"    return _join(({parts},)), toast, {key}")
-    namespace["N"] = NULL_BRANCH
     namespace["E"] = b""
     exec(compile("\n".join(lines), f"<row encoder {count}>", "exec"), namespace)
     encoder: RowEncoder = namespace["encode"]  # type: ignore[assignment]
     return encoder
 
 
-def _inline_text(i: int, convert: Converter, nullable: bool) -> list[str]:
+def _inline_text(i: int, convert: Converter, branch: bytes) -> list[str]:
     """Statements setting ``b{i}`` (branch, plus length for strings) and ``p{i}`` from text.
 
     The converters of the commonest column types are written inline (a call
@@ -139,7 +173,9 @@ def _inline_text(i: int, convert: Converter, nullable: bool) -> list[str]:
     * booleans: ``t``/``f``, else the converter (which raises).
     """
     if convert is encode_text_value:
-        length = "BL[n]" if nullable else "VL[n << 1]"
+        length = (
+            "BL[n]" if branch == VALUE_BRANCH else "VL[n << 1]" if not branch else f"B{i} + VL[n << 1]"
+        )
         return [
             f"n = len(v{i})",
             f"b{i} = {length} if n < 8192 else B{i} + _long(n); p{i} = v{i}",
@@ -159,24 +195,22 @@ def compile_key_encoder(
     key_indexes: Sequence[int],
     names: Sequence[str],
     text: Sequence[Converter],
-    binary: Sequence[Converter],
 ) -> KeyEncoder:
     """``encode(data) -> key bytes`` (wire header included) from the key columns."""
 
     def bad(i: int, kind: int) -> bytes:
+        if kind == KIND_BINARY:
+            raise BinaryValueRefused(f"key column {names[i]}")
         raise ValueError(f"key column {names[i]} sent as {chr(kind)!r}")
 
     namespace: dict[str, object] = {"_bad": bad, "H": header, "_join": b"".join}
     lines = ["def encode(data):", "    kinds = data.kinds", "    values = data.values"]
     for n, i in enumerate(key_indexes):
         namespace[f"T{i}"] = text[i]
-        namespace[f"Y{i}"] = binary[i]
         lines += [
             f"    k = kinds[{i}]",
             "    if k == 116:",
             f"        p{n} = T{i}(values[{i}])",
-            "    elif k == 98:",
-            f"        p{n} = Y{i}(values[{i}])",
             "    else:",
             f"        p{n} = _bad({i}, k)",
         ]
@@ -185,3 +219,60 @@ def compile_key_encoder(
     exec(compile("\n".join(lines), f"<key encoder {len(key_indexes)}>", "exec"), namespace)
     encoder: KeyEncoder = namespace["encode"]  # type: ignore[assignment]
     return encoder
+
+
+ChangeEncoder = Callable[..., tuple[bytes | None, bytes]]
+"""``change(op, before, after, stamp, seq) -> (key or None, value)``, as ``TableEncoder.change``."""
+
+
+def native_column(convert: Converter) -> tuple[int, int, int]:
+    """``(kind, precision, scale)``: how the compiled encoder reads a column's text.
+
+    Each kind is the C twin of one converter; any other converter is
+    ``K_OTHER`` (the compiled encoder calls it).
+    """
+    if convert is encode_text_value:
+        return K_STRING, 0, 0
+    if convert is int_from_text:
+        return K_INT, 0, 0
+    if convert is bool_from_text:
+        return K_BOOL, 0, 0
+    shape = decimal_shape(convert)
+    if shape is not None:
+        return K_DECIMAL, shape[0], shape[1]
+    if convert is TIMESTAMPTZ_CODEC.from_text:
+        return K_TIMESTAMPTZ, 0, 0
+    if convert is TIMESTAMP_CODEC.from_text:
+        return K_TIMESTAMP, 0, 0
+    if convert is DATE_CODEC.from_text:
+        return K_DATE, 0, 0
+    return K_OTHER, 0, 0
+
+
+def compile_change_encoder(
+    text: Sequence[Converter],
+    branches: Sequence[bytes],
+    null_branches: Sequence[bytes],
+    key_indexes: Sequence[int],
+    key_header: bytes,
+    value_header: bytes,
+    source_prefix: bytes,
+    fallback: ChangeEncoder,
+) -> ChangeEncoder | None:
+    """The compiled ``change`` of one table version, or None without the extension.
+
+    ``fallback`` is the pure-Python ``TableEncoder.change``: the compiled one
+    calls it for every change it does not encode itself (unchanged TOAST,
+    binary or null-key values, values a converter refuses), so errors and
+    rare cases behave exactly as in Python.
+    """
+    if NATIVE is None:
+        return None
+    columns = []
+    for convert, branch, null in zip(text, branches, null_branches, strict=True):
+        kind, precision, scale = native_column(convert)
+        columns.append((kind, branch, null, convert, precision, scale))
+    codec: Any = NATIVE.RowCodec(
+        columns, tuple(key_indexes), key_header, value_header, source_prefix, fallback, TupleData
+    )
+    return cast(ChangeEncoder, codec.change)

@@ -6,7 +6,10 @@ Names follow Debezium so existing consumers work: for topic
 Full names stay the same across relation versions, which Avro schema
 resolution requires; non-key columns are ``["null", T]`` with default null,
 so a column added or dropped gives a schema that old and new readers can both
-resolve.
+resolve. Schema-change tracking adds what plain Avro resolution needs to give
+PostgreSQL's values for older records: a column added with a constant
+default gets that default (its union then lists the type first, as Avro
+requires), and a renamed column lists its earlier names as ``aliases``.
 
 Avro names allow only ``[A-Za-z_][A-Za-z0-9_]*``; PostgreSQL identifiers allow
 much more. Such names are replaced by a sanitized form (invalid characters
@@ -20,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cdcd.decode.relations import TableVersion
+from cdcd.decode.relations import ColumnDefault, TableVersion
 from cdcd.naming import ORIGINAL_NAME_ATTRIBUTE
 
 _INVALID = re.compile(r"[^A-Za-z0-9_]")
@@ -73,15 +76,36 @@ def field_names(columns: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _field(name: str, original: str, avro_type: Any, nullable: bool) -> dict[str, Any]:
-    field: dict[str, Any] = (
-        {"name": name, "type": ["null", avro_type], "default": None}
-        if nullable
-        else {"name": name, "type": avro_type}
-    )
+def _field(
+    name: str,
+    original: str,
+    avro_type: Any,
+    nullable: bool,
+    default: ColumnDefault | None = None,
+    aliases: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One field. A column with a fast default lists its type first in the
+    union, because Avro requires a union's default to match its first branch;
+    readers resolving an older record without the field then get that value."""
+    field: dict[str, Any] = {"name": name}
+    if default is not None:
+        field["type"] = [avro_type, "null"] if nullable else avro_type
+        field["default"] = default.value
+    elif nullable:
+        field["type"] = ["null", avro_type]
+        field["default"] = None
+    else:
+        field["type"] = avro_type
+    if aliases:
+        field["aliases"] = [avro_name(alias) for alias in aliases]
     if name != original:
         field[ORIGINAL_NAME_ATTRIBUTE] = original
     return field
+
+
+def value_first(table: TableVersion, index: int) -> bool:
+    """Whether column ``index`` is a ``[T, "null"]`` union (see :func:`_field`)."""
+    return table.default_of(index) is not None and table.nullable(index)
 
 
 def key_schema(topic: str, table: TableVersion) -> dict[str, Any] | None:
@@ -94,22 +118,36 @@ def key_schema(topic: str, table: TableVersion) -> dict[str, Any] | None:
         "name": "Key",
         "namespace": avro_namespace(topic),
         "fields": [
-            _field(names[i], table.columns[i].name, table.codecs[i].avro_type, nullable=False)
+            _field(
+                names[i],
+                table.columns[i].name,
+                table.codecs[i].avro_type,
+                nullable=False,
+                default=table.default_of(i),
+                aliases=table.aliases_of(i),
+            )
             for i in table.key_indexes
         ],
     }
 
 
 def row_schema(topic: str, table: TableVersion) -> dict[str, Any]:
-    """The row record: every column; key columns required, others nullable."""
+    """The row record: every column; key columns required (unless an earlier
+    schema had them nullable: a column that joined the key), others nullable."""
     names = field_names(table.column_names)
-    keys = set(table.key_indexes)
     return {
         "type": "record",
         "name": "Value",
         "namespace": avro_namespace(topic),
         "fields": [
-            _field(names[i], column.name, table.codecs[i].avro_type, nullable=i not in keys)
+            _field(
+                names[i],
+                column.name,
+                table.codecs[i].avro_type,
+                nullable=table.nullable(i),
+                default=table.default_of(i),
+                aliases=table.aliases_of(i),
+            )
             for i, column in enumerate(table.columns)
         ],
     }

@@ -78,16 +78,27 @@ class SingleObjectFormat:
 
     def __init__(self, publish: Callable[[bytes, bytes], None]) -> None:
         self._publish = publish
-        self._published: dict[bytes, bytes] = {}
+        self._published: dict[bytes, str] = {}  # fingerprint -> JSON last published under it
 
     def header(self, topic: str, role: Role, schema: dict[str, Any]) -> bytes:
+        """The header of ``schema``; publishes it first unless it was the last one under its fingerprint.
+
+        Parsing Canonical Form, which the fingerprint hashes, keeps neither
+        logical-type attributes nor defaults nor aliases: ``decimal(10,2)``
+        and ``decimal(12,3)`` (``ALTER COLUMN … TYPE``), or a field with and
+        without the default a fast ``ADD COLUMN`` gave it, share a
+        fingerprint. The schema in use is published again whenever it differs
+        from the last one published under that fingerprint, so the compacted
+        topic's latest value per key is the schema of the newest records
+        (consumers take the latest; older records of a rewritten column are
+        superseded by the re-snapshot that follows the rewrite).
+        """
         fingerprint = schema_fingerprint(schema)
-        header = self._published.get(fingerprint)
-        if header is None:
-            self._publish(fingerprint.hex().encode("ascii"), schema_json(schema).encode("utf-8"))
-            header = SINGLE_OBJECT_MAGIC + fingerprint
-            self._published[fingerprint] = header
-        return header
+        text = schema_json(schema)
+        if self._published.get(fingerprint) != text:
+            self._publish(fingerprint.hex().encode("ascii"), text.encode("utf-8"))
+            self._published[fingerprint] = text
+        return SINGLE_OBJECT_MAGIC + fingerprint
 
 
 class ConfluentFormat:

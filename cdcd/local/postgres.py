@@ -48,6 +48,9 @@ __all__ = [
     "SettingValue",
     "find_bindir",
     "free_port",
+    "installed_versions",
+    "server_major",
+    "versions_dir",
 ]
 
 #: Type of a value in ``settings``: written to the configuration file as text.
@@ -71,6 +74,11 @@ DEBIAN_BINDIR = Path("/usr/lib/postgresql/15/bin")
 
 #: Environment variable that names a directory holding ``initdb`` and ``pg_ctl``.
 BINDIR_ENV = "CDCD_PG_BINDIR"
+
+#: Environment variable naming where ``.ci/setup`` installs the other server
+#: versions (``<dir>/<major>/bin``); the defaults below are setup's too.
+VERSIONS_DIR_ENV = "CDCD_PG_VERSIONS_DIR"
+_ROOT_VERSIONS_DIR = Path("/var/cache/cdcd/postgres")
 
 #: The host every DSN of a local cluster points at (TCP, not the socket, so
 #: that clients running as any user can connect).
@@ -111,14 +119,60 @@ def _has_server_binaries(bindir: Path) -> bool:
     return all(os.access(bindir / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres"))
 
 
-def find_bindir() -> Path:
+def versions_dir() -> Path:
+    """Where ``.ci/setup`` installs PostgreSQL 12, 13, 14, 16, 17 and 18.
+
+    ``$CDCD_PG_VERSIONS_DIR``; else ``/var/cache/cdcd/postgres`` as root (the
+    ``postgres`` user must reach it, which rules out root's home) and
+    ``~/.cache/cdcd/postgres`` otherwise.
+    """
+    override = os.environ.get(VERSIONS_DIR_ENV)
+    if override:
+        return Path(override)
+    if os.geteuid() == 0:
+        return _ROOT_VERSIONS_DIR
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "cdcd" / "postgres"
+
+
+def installed_versions() -> dict[int, Path]:
+    """Major version -> bin directory of every PostgreSQL server found here, sorted.
+
+    Looks in :func:`versions_dir` (``<major>/bin``) and in Debian's
+    ``/usr/lib/postgresql/<major>/bin``; Debian's wins for a major both have.
+    """
+    found: dict[int, Path] = {}
+    for root in (versions_dir(), DEBIAN_BINDIR.parent.parent):
+        try:
+            entries = list(root.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.isdigit() and _has_server_binaries(entry / "bin"):
+                found[int(entry.name)] = entry / "bin"
+    return dict(sorted(found.items()))
+
+
+def find_bindir(version: int | None = None) -> Path:
     """Locate the PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``).
 
-    Order: ``$CDCD_PG_BINDIR`` (an explicit choice, never silently ignored),
-    the Debian PostgreSQL 15 directory, then ``pg_config --bindir``. Debian puts
-    the server binaries outside ``PATH``, which is why ``PATH`` alone is not
-    consulted.
+    With ``version`` (a major, e.g. ``12``): that version's directory from
+    :func:`installed_versions`, or an error saying how to install it.
+    Otherwise, in order: ``$CDCD_PG_BINDIR`` (an explicit choice, never
+    silently ignored), the Debian PostgreSQL 15 directory, then ``pg_config
+    --bindir``. Debian puts the server binaries outside ``PATH``, which is why
+    ``PATH`` alone is not consulted.
     """
+    if version is not None:
+        installed = installed_versions()
+        if version not in installed:
+            have = ", ".join(str(v) for v in installed) or "none"
+            raise PostgresSetupError(
+                f"PostgreSQL {version} is not installed (found: {have}; looked in "
+                f"{versions_dir()} and {DEBIAN_BINDIR.parent.parent}); `bash .ci/setup` "
+                f"installs 12, 13, 14, 16, 17 and 18 there (${VERSIONS_DIR_ENV} moves it)"
+            )
+        return installed[version]
     override = os.environ.get(BINDIR_ENV)
     if override:
         path = Path(override)
@@ -143,6 +197,23 @@ def find_bindir() -> Path:
         f"PostgreSQL server binaries not found (looked in ${BINDIR_ENV}, {DEBIAN_BINDIR} "
         f"and `pg_config --bindir`); {_INSTALL_HINT}"
     )
+
+
+_VERSION_LINE = re.compile(r"\(PostgreSQL\) (\d+)")
+
+
+def server_major(bindir: Path) -> int:
+    """The major version of the server in ``bindir``, from ``postgres --version``."""
+    result = subprocess.run(
+        [str(bindir / "postgres"), "--version"], capture_output=True, text=True, check=False
+    )
+    match = _VERSION_LINE.search(result.stdout)
+    if result.returncode != 0 or match is None:
+        raise PostgresSetupError(
+            f"{bindir / 'postgres'} --version failed (exit {result.returncode}): "
+            f"{(result.stdout + result.stderr).strip()[:500]}"
+        )
+    return int(match.group(1))
 
 
 def _conf_value(value: SettingValue) -> str:
@@ -208,6 +279,7 @@ class LocalPostgres:
         self._proc: subprocess.Popen[bytes] | None = None
         self._cleaned = False
         self._creator_pid = os.getpid()
+        self._version: int | None = None
 
     # ------------------------------------------------------------------ creation
 
@@ -216,18 +288,32 @@ class LocalPostgres:
         cls,
         settings: Mapping[str, SettingValue] | None = None,
         base_dir: str | os.PathLike[str] | None = None,
+        *,
+        version: int | None = None,
+        bindir: str | os.PathLike[str] | None = None,
     ) -> LocalPostgres:
         """Create, configure and start a new cluster; return it once it accepts connections.
 
-        ``settings`` adds to or overrides :data:`DEFAULT_SETTINGS` (for example
-        ``{"logical_decoding_work_mem": "64kB"}`` or ``{"wal_level": "replica"}``).
+        ``version`` (a major, e.g. ``12``) picks that server from
+        :func:`installed_versions`; ``bindir`` names a bin directory outright;
+        neither: :func:`find_bindir`. ``settings`` adds to or overrides
+        :data:`DEFAULT_SETTINGS` (for example
+        ``{"logical_decoding_work_mem": "64kB"}`` or ``{"wal_level": "replica"}``;
+        a setting the server version lacks makes it refuse to start).
         ``base_dir`` is created if missing, must be empty, and when running as
         root is handed to the ``postgres`` user (so its parents must be
         traversable by that user); :meth:`cleanup` then removes only what was
         created inside it. By default a fresh directory under ``/tmp`` is used
         and removed entirely.
         """
-        bindir = find_bindir()
+        if version is not None and bindir is not None:
+            raise ValueError("give version or bindir, not both")
+        if bindir is not None:
+            chosen = Path(bindir)
+            if not _has_server_binaries(chosen):
+                raise PostgresSetupError(f"{chosen} does not contain initdb, pg_ctl and postgres")
+        else:
+            chosen = find_bindir(version)
         run_as = _server_user()
         merged: dict[str, SettingValue] = dict(DEFAULT_SETTINGS)
         for name, value in (settings or {}).items():
@@ -245,7 +331,7 @@ class LocalPostgres:
             base.mkdir(parents=True, exist_ok=True)
             if any(base.iterdir()):
                 raise PostgresSetupError(f"base_dir {base} is not empty")
-        cluster = cls(base, bindir=bindir, run_as=run_as, owns_base_dir=owns, settings=merged)
+        cluster = cls(base, bindir=chosen, run_as=run_as, owns_base_dir=owns, settings=merged)
         atexit.register(cluster._atexit_cleanup)
         try:
             cluster._init()
@@ -435,6 +521,13 @@ class LocalPostgres:
         return self._bindir
 
     @property
+    def version(self) -> int:
+        """The server's major version (``postgres --version`` of :attr:`bindir`), e.g. ``12``."""
+        if self._version is None:
+            self._version = server_major(self._bindir)
+        return self._version
+
+    @property
     def base_dir(self) -> Path:
         """Directory holding the data directory, socket directory and log."""
         return self._base
@@ -532,7 +625,8 @@ class LocalPostgres:
         Logical slots on the database block ``DROP DATABASE``; active ones are
         held by a walsender, which is terminated first. Prepared transactions
         block it too and can only be rolled back from inside the database.
-        ``WITH (FORCE)`` terminates the remaining sessions.
+        ``WITH (FORCE)`` terminates the remaining sessions (on 13+; before,
+        they are terminated one by one).
         """
         with self.connection() as conn, conn.cursor() as cur:
             cur.execute("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,))
@@ -551,7 +645,7 @@ class LocalPostgres:
                     break
                 for slot_name, active_pid in slots:
                     if active_pid is not None:
-                        cur.execute("SELECT pg_terminate_backend(%s, 5000)", (active_pid,))
+                        _terminate(cur, "SELECT %s", (active_pid,))
                         continue
                     try:
                         cur.execute("SELECT pg_drop_replication_slot(%s)", (slot_name,))
@@ -560,9 +654,25 @@ class LocalPostgres:
                         continue
             else:
                 raise PostgresSetupError(f"could not drop the replication slots of {name!r}")
-            cur.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            if conn.server_version >= 130000:
+                cur.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+                return
+            # PostgreSQL 12 has no FORCE: end the sessions, then drop (a
+            # session that connects in between makes the DROP fail; retried).
+            for _ in range(50):
+                _terminate(
+                    cur,
+                    "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+                try:
+                    cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+                    return
+                except psycopg2.errors.ObjectInUse:
+                    continue
+            raise PostgresSetupError(f"could not drop database {name!r}: sessions keep connecting")
 
     # --------------------------------------------------------------- lifecycle
 
@@ -715,6 +825,28 @@ class LocalPostgres:
     def __repr__(self) -> str:
         """Where the cluster listens and lives."""
         return f"LocalPostgres(port={self._port}, datadir={str(self.datadir)!r})"
+
+
+def _terminate(cur: Any, pids_sql: str, params: Any) -> None:
+    """Terminate the backends ``pids_sql`` selects and wait (at most 5 s) until they are gone.
+
+    ``pg_terminate_backend(pid, timeout)`` waits by itself from 14 on;
+    before, the wait is a poll of ``pg_stat_activity``.
+    """
+    if cur.connection.server_version >= 140000:
+        cur.execute(f"SELECT pg_terminate_backend(pid, 5000) FROM ({pids_sql}) AS t(pid)", params)
+        return
+    cur.execute(f"SELECT array_agg(pid) FROM ({pids_sql}) AS t(pid)", params)
+    pids = cur.fetchone()[0] or []
+    if not pids:
+        return
+    cur.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS t(pid)", (pids,))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s::int[])", (pids,))
+        if cur.fetchone()[0] == 0:
+            return
+        time.sleep(0.02)
 
 
 def _descends_from(pid: int, ancestor: int, max_depth: int = 4) -> bool:

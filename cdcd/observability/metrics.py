@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -42,8 +43,11 @@ __all__ = [
     "DELIVERY_LATENCY_BUCKETS",
     "METRICS",
     "OPS",
+    "RECONNECT_REASONS",
     "REGISTRY",
+    "SLOT_WAL_STATUSES",
     "Metrics",
+    "ReconnectReason",
     "TableMetrics",
     "exposed_names",
     "librdkafka_version",
@@ -58,6 +62,18 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 #: Envelope ``op`` codes (SPEC §5); children for each are created up front so
 #: ``rate()`` sees a zero rather than a missing series before the first event.
 OPS: tuple[str, ...] = ("c", "u", "d", "r", "t")
+
+#: The ``reason`` values of ``cdcd_reconnects_total`` (docs/operations.md says
+#: what each means; ``cdcd.daemon.reconnect_reason`` picks one). A closed set
+#: keeps the series count bounded; anything else is counted as ``other``.
+ReconnectReason = Literal[
+    "postgres", "postgres_timeout", "slot_in_use", "kafka", "delivery", "schema_registry", "other"
+]
+RECONNECT_REASONS: tuple[ReconnectReason, ...] = get_args(ReconnectReason)
+
+#: ``pg_replication_slots.wal_status`` values, the ``status`` label of
+#: ``cdcd_slot_wal_status`` (all exported, one at 1).
+SLOT_WAL_STATUSES: tuple[str, ...] = ("reserved", "extended", "unreserved", "lost")
 
 #: Commit time → delivery report. 1 ms is below what a local broker achieves;
 #: 60 s is far beyond a healthy pipeline, anything slower lands in +Inf.
@@ -133,7 +149,6 @@ class Metrics:
         self._lock = threading.Lock()
         self._tables: dict[str, TableMetrics] = {}
         self._error_children: dict[str, Counter] = {}
-        self._reconnect_children: dict[str, Counter] = {}
 
         if process_collectors:
             # RSS, CPU, open fds and GC pauses: the first things to look at when
@@ -214,6 +229,37 @@ class Metrics:
             "sampled periodically: WAL the slot keeps on the primary's disk.",
             registry=reg,
         )
+        # -- the slot on the server (sampled with slot_lag) ------------------
+        self.slot_retained_wal = Gauge(
+            "cdcd_slot_retained_wal_bytes",
+            "WAL the server keeps for the slot: its current position minus the slot's "
+            "restart_lsn, sampled periodically (what max_slot_wal_keep_size limits).",
+            registry=reg,
+        )
+        self.slot_wal_status = Gauge(
+            "cdcd_slot_wal_status",
+            "1 for the slot's pg_replication_slots.wal_status (PostgreSQL 13+), 0 for the "
+            f"others: {', '.join(SLOT_WAL_STATUSES)}. unreserved: past max_slot_wal_keep_size, "
+            "lost at the next checkpoint unless it catches up.",
+            ("status",),
+            registry=reg,
+        )
+        self._wal_status_children = {
+            status: self.slot_wal_status.labels(status) for status in SLOT_WAL_STATUSES
+        }
+        self.slot_wal_keep_size = Gauge(
+            "cdcd_slot_wal_keep_size_bytes",
+            "The server's max_slot_wal_keep_size in bytes; -1: unlimited (the default, or "
+            "PostgreSQL 12).",
+            registry=reg,
+        )
+        self.slot_wal_keep_size.set(-1)
+        self.slot_inactive_since = Gauge(
+            "cdcd_slot_inactive_since_timestamp_seconds",
+            "pg_replication_slots.inactive_since of the slot as a Unix time (PostgreSQL 17+), "
+            "read when the session starts and while it runs; 0 while the slot is active.",
+            registry=reg,
+        )
         self.last_confirmed_age = Gauge(
             "cdcd_last_confirmed_age_seconds",
             "Seconds since the daemon last confirmed a position to the slot "
@@ -246,14 +292,26 @@ class Metrics:
             registry=reg,
         )
 
+        self.schema_changes = Counter(
+            "cdcd_schema_changes",
+            "Schema changes detected in the stream, by table and kind (docs/schema-changes.md).",
+            ("table", "kind"),
+            registry=reg,
+        )
+
         # -- process state ---------------------------------------------------
         self.reconnects = Counter(
             "cdcd_reconnects",
             "Restarts of the replication session after a transient error, by reason "
-            "(a short fixed vocabulary such as postgres, kafka, timeout).",
+            f"({', '.join(RECONNECT_REASONS)}).",
             ("reason",),
             registry=reg,
         )
+        # Every reason exists at 0 from the start, so increase() in the alert
+        # sees a session's first reconnect; the set is fixed, so no lock later.
+        self._reconnect_children: dict[str, Counter] = {
+            reason: self.reconnects.labels(reason) for reason in RECONNECT_REASONS
+        }
         self.build_info = Gauge(
             "cdcd_build_info",
             "Always 1; labels carry the cdcd, Python and librdkafka versions.",
@@ -345,13 +403,17 @@ class Metrics:
         latency = (time.time() if now is None else now) - commit_time
         self.delivery_latency.observe(latency if latency > 0 else 0.0)
 
+    def schema_change(self, table: str, kind: str) -> None:
+        """Count one detected schema change (rare: a lock per call is fine)."""
+        self.schema_changes.labels(table, kind).inc()
+
     def reconnect(self, reason: str) -> None:
-        """Count one restart of the replication session for ``reason``."""
-        child = self._reconnect_children.get(reason)
-        if child is None:
-            with self._lock:
-                child = self._reconnect_children.setdefault(reason, self.reconnects.labels(reason))
-        child.inc()
+        """Count one restart of the replication session for ``reason``.
+
+        A value outside :data:`RECONNECT_REASONS` counts as ``other`` rather
+        than adding a series.
+        """
+        self._reconnect_children.get(reason, self._reconnect_children["other"]).inc()
 
     def mark_received(self, lsn: int, nbytes: int = 0) -> None:
         """Record a received WAL position and the payload size that carried it."""
@@ -368,6 +430,21 @@ class Metrics:
         """
         self.confirmed_lsn.set(lsn)
         self._last_confirmed_at = self._clock()
+
+    def slot_health(
+        self,
+        retained_wal_bytes: int | None,
+        wal_status: str | None,
+        wal_keep_size_bytes: int,
+        inactive_since: float | None,
+    ) -> None:
+        """Record one sample of the slot's state on the server (rare: locks are fine)."""
+        if retained_wal_bytes is not None:
+            self.slot_retained_wal.set(retained_wal_bytes)
+        for status, child in self._wal_status_children.items():
+            child.set(1 if status == wal_status else 0)
+        self.slot_wal_keep_size.set(wal_keep_size_bytes)
+        self.slot_inactive_since.set(inactive_since or 0)
 
     def set_streaming(self, streaming: bool) -> None:
         """Set ``cdcd_streaming``; the daemon also calls ``Health.set_ready``."""

@@ -75,11 +75,19 @@ from cdcd.protocol.messages import (
     pg_timestamp_to_unix_ms,
 )
 from cdcd.snapshot.publisher import KeyRecorder
+from cdcd.source.markers import MarkerTransactions
 
 
 def _seq_header(seq: int) -> tuple[str, bytes]:
     """The ``cdcd.seq`` header of the change with ordinal ``seq``."""
     return (SEQ_HEADER, b"%d" % seq)
+
+
+def _in_transaction(exc: DefiniteError, stamp: TxnStamp) -> DefiniteError:
+    """``exc`` naming the transaction, so that the operator can find the row."""
+    return DefiniteError(
+        f"{exc.args[0]} (transaction committed at LSN {stamp.lsn}, xid {stamp.xid})", hint=exc.hint
+    )
 
 
 #: ``cdcd.seq`` headers of the first message ordinals, built once.
@@ -104,6 +112,16 @@ class Producer(Protocol):
     ) -> None: ...
 
 
+class SchemaTracker(Protocol):
+    """What the publisher asks schema-change tracking (``cdcd.pipeline.schema_changes``)."""
+
+    def stream_version(self, version: TableVersion, commit_lsn: Lsn) -> tuple[TableVersion, bool]:
+        """The version to encode, and whether a truncate goes before its first change."""
+        ...
+
+    def snapshot_version(self, version: TableVersion) -> TableVersion: ...
+
+
 class Publisher:
     """Encodes and produces committed transactions; see the module docstring."""
 
@@ -118,8 +136,10 @@ class Publisher:
         ensure_topic: Callable[[str], None],
         metrics: Metrics | None = None,
         transaction_records: bool = False,
+        schema_tracker: SchemaTracker | None = None,
     ) -> None:
         self._producer = producer
+        self._schema_tracker = schema_tracker
         self._tracker = tracker
         self._encoder = encoder
         self._wire = wire
@@ -134,7 +154,7 @@ class Publisher:
         self._stamp: TxnStamp | None = None
         self._seq = 0
         self._holds: dict[str, Hold] = {}
-        self._included: dict[tuple[int, int], TableEncoder | None] = {}
+        self._included: dict[tuple[int, int, bool], TableEncoder | None] = {}
         # The table of the previous row, its encoder and its counts:
         # consecutive rows are mostly of one table, and an identity check is
         # cheaper than a key. Its key is always in _dirty (see flush_metrics).
@@ -151,6 +171,7 @@ class Publisher:
         self._txn_base: dict[tuple[str, str], int] = {}
         self._topics_ready: set[str] = set()
         self._watermarks: Callable[[LogicalMessage], None] | None = None
+        self._markers: MarkerTransactions | None = None
         self._watch_relid: int | None = None
         self._watch_record: KeyRecorder | None = None
         self.transactions = 0
@@ -160,20 +181,39 @@ class Publisher:
     def _table(self, table: TableVersion) -> TableEncoder | None:
         if table is self._last_table:
             return self._last_encoder
-        key = (table.relation_id, table.version)
+        key = table.cache_key
         if key in self._included:
             encoder = self._included[key]
             self._remember(table, encoder)
             return encoder
         encoder = None
+        truncate_first = False
         if self._include(table.schema, table.table):
             topic = self._encoder.topic_for(table.schema, table.table)
             self._topic(topic)
-            encoder = self._encoder.for_table(table)
+            annotated = table
+            tracker = self._schema_tracker
+            if tracker is not None:
+                if table.snapshot:
+                    annotated = tracker.snapshot_version(table)
+                else:
+                    # In commit order, inside the transaction of the version's
+                    # first change: its commit LSN places the change.
+                    stamp = self._stamp
+                    assert stamp is not None, "a stream version is first used inside a transaction"
+                    annotated, truncate_first = tracker.stream_version(table, stamp.lsn)
+            encoder = self._encoder.for_table(annotated)
             if self._metrics is not None:
                 self._table_metrics[table.qualified_name] = self._metrics.table(table.qualified_name)
         self._included[key] = encoder
         self._remember(table, encoder)
+        if truncate_first and encoder is not None:
+            # The table was dropped and created again: what consumers hold of
+            # the old one goes, before the new table's first change.
+            stamp = self._stamp
+            assert stamp is not None
+            self._send(encoder.topic, None, encoder.envelope(OP_TRUNCATE, None, None, stamp, self._seq))
+            self._counts_of(table)[_T] += 1
         return encoder
 
     def _remember(self, table: TableVersion, encoder: TableEncoder | None) -> None:
@@ -213,11 +253,7 @@ class Publisher:
         try:
             self._producer.produce(topic, key, value, headers, ticket.on_delivery)
         except DefiniteError as exc:
-            # Name the transaction, so the operator can find the row.
-            raise DefiniteError(
-                f"{exc.args[0]} (transaction committed at LSN {stamp.lsn}, xid {stamp.xid})",
-                hint=exc.hint,
-            ) from exc
+            raise _in_transaction(exc, stamp) from exc
 
     def flush_metrics(self) -> None:
         """Add the changes and transactions published since the last call to the metrics.
@@ -263,40 +299,71 @@ class Publisher:
             # The END record counts this transaction's changes: growth from here.
             self._txn_base = {key: sum(counts) for key, counts in self._counts.items()}
             self._transaction_record("BEGIN", None)
+        if self._markers is not None:
+            marker = self._markers.take(xid, commit_lsn)
+            if marker is not None:
+                self._marker(marker)
+
+    def _marker(self, message: LogicalMessage) -> None:
+        """A transaction that stands for cdcd's own message (PostgreSQL 12, 13): see ``use_markers``."""
+        if message.prefix == HEARTBEAT_PREFIX:
+            if self._metrics is not None:
+                self._metrics.heartbeats.inc()
+        elif message.prefix == WATERMARK_PREFIX and self._watermarks is not None:
+            self._watermarks(message)
 
     def row(self, table: TableVersion, message: Insert | Update | Delete) -> None:
         encoder = self._last_encoder if table is self._last_table else self._table(table)
         if encoder is None:
             return
-        counts = self._last_counts  # table is now self._last_table
+        kind = type(message)
+        if kind is Insert:
+            # Nearly every row: _send inlined (a Python call less per row).
+            ticket, stamp, seq = self._ticket, self._stamp, self._seq
+            if ticket is None or stamp is None:
+                raise DefiniteError("change outside a transaction", hint="this is a bug; report it")
+            key, value = encoder.encode_change(OP_CREATE, None, message.new, stamp, seq)  # type: ignore[union-attr]
+            self._seq = seq + 1
+            ticket.add()
+            try:
+                self._producer.produce(
+                    encoder.topic,
+                    key,
+                    value,
+                    [
+                        (LSN_HEADER, stamp.lsn_header),
+                        _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else _seq_header(seq),
+                    ],
+                    ticket.on_delivery,
+                )
+            except DefiniteError as exc:
+                raise _in_transaction(exc, stamp) from exc
+            self._last_counts[_C] += 1  # table is now self._last_table
+            return
+        counts = self._last_counts
         stamp = self._stamp
         assert stamp is not None
         topic = encoder.topic
-        kind = type(message)
-        if kind is Insert:
-            key, value = encoder.change(OP_CREATE, None, message.new, stamp, self._seq)  # type: ignore[union-attr]
-            self._send(topic, key, value)
-            counts[_C] += 1
-        elif kind is Update:
+        if kind is Update:
             old, new = message.old, message.new  # type: ignore[union-attr]
             if old is not None and encoder.key_schema is not None and encoder.key_changed(old, new):
                 # The key changed: a delete (plus tombstone) under the old key
                 # and a create under the new one, as Debezium publishes it.
-                old_key, value = encoder.change(OP_DELETE, old, None, stamp, self._seq)
+                old_key, value = encoder.encode_change(OP_DELETE, old, None, stamp, self._seq)
                 self._send(topic, old_key, value)
                 self._send(topic, old_key, None)
-                key, value = encoder.change(OP_CREATE, None, new, stamp, self._seq)
+                key, value = encoder.encode_change(OP_CREATE, None, new, stamp, self._seq)
                 self._send(topic, key, value)
                 counts[_D] += 1
                 counts[_C] += 1
             else:
-                key, value = encoder.change(OP_UPDATE, old, new, stamp, self._seq)
+                key, value = encoder.encode_change(OP_UPDATE, old, new, stamp, self._seq)
                 self._send(topic, key, value)
                 counts[_U] += 1
         else:
             old = message.old  # type: ignore[union-attr]
             assert old is not None
-            key, value = encoder.change(OP_DELETE, old, None, stamp, self._seq)
+            key, value = encoder.encode_change(OP_DELETE, old, None, stamp, self._seq)
             self._send(topic, key, value)
             if key is not None:
                 self._send(topic, key, None)
@@ -409,7 +476,14 @@ class Publisher:
             self._tracker.release(hold)
 
     def relation_changed(self, table: TableVersion) -> None:
-        self._table(table)
+        """A new table version: its topic now; its encoder at its first change.
+
+        A Relation message may arrive outside a transaction (in a streamed
+        chunk) or in one that is later aborted; schema-change tracking must
+        see the version in commit order, which its first published change gives.
+        """
+        if self._include(table.schema, table.table):
+            self._topic(self._encoder.topic_for(table.schema, table.table))
 
     # -- snapshots ------------------------------------------------------------------
 
@@ -417,12 +491,21 @@ class Publisher:
         """Route transactional ``cdcd.watermark`` messages to ``handler`` (None: drop them)."""
         self._watermarks = handler
 
+    def use_markers(self, markers: MarkerTransactions | None) -> None:
+        """Recognise cdcd's heartbeats and watermarks by transaction id (``cdcd.source.markers``).
+
+        For servers whose pgoutput sends no logical messages (12, 13): a
+        registered transaction is handled at its Begin as its message would
+        be, with nothing of it published (it holds no published change).
+        """
+        self._markers = markers
+
     def watch(self, relation_id: int, record: KeyRecorder) -> None:
         """Report ``(xid, key)`` of every change to ``relation_id`` until :meth:`unwatch`.
 
         The key is the Avro encoding of the key columns without the wire
-        header (the same bytes whether pgoutput sent text or binary values);
-        an update reports its new key and, when the key changed, its old one.
+        header (the same bytes the snapshot's rows give for that key); an
+        update reports its new key and, when the key changed, its old one.
         """
         self._watch_relid = relation_id
         self._watch_record = record
@@ -522,7 +605,7 @@ class Publisher:
         on_delivery = ticket.on_delivery
         produce = self._producer.produce
         topic = encoder.topic
-        change = encoder.change
+        change = encoder.encode_change
         lsn_header = (LSN_HEADER, stamp.lsn_header)
         seq = self._seq
         try:

@@ -14,7 +14,9 @@ broker outage.
 When nothing is in flight and no transaction is partly received, the
 server's ``wal_end`` (from keepalives) is confirmed, so an idle slot does not
 pin WAL; heartbeats (``pg_logical_emit_message``) give the slot a position in
-this database when only other databases write.
+this database when only other databases write (on PostgreSQL 12 and 13,
+whose pgoutput sends no messages, they are recognised by transaction id:
+``cdcd.source.markers``).
 
 Snapshots (``cdcd.snapshot``, docs/snapshots.md): when the session creates
 the slot and ``snapshot.mode`` is ``initial`` or ``initial_only``, it creates
@@ -46,6 +48,8 @@ from cdcd.naming import HEARTBEAT_PREFIX, schemas_topic, split_table
 from cdcd.observability import systemd
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.publisher import Publisher
+from cdcd.pipeline.resync import check_slot, remember_slot
+from cdcd.pipeline.schema_changes import SchemaChanges
 from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
@@ -56,8 +60,10 @@ from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot, create_slot
 from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import SourceDatabase
+from cdcd.source.markers import MarkerTransactions
 from cdcd.source.replication import ReplicationStream
 from cdcd.source.slot_holder import slot_holder, slot_in_use
+from cdcd.source.versions import has_messages, require_failover, require_protocol
 
 log = logging.getLogger("cdcd.pipeline")
 
@@ -114,6 +120,7 @@ class Session:
         self._last_status = 0.0
         self._sent_confirmed: Lsn | None = None
         self._age_confirmed: Lsn | None = None
+        self._markers: MarkerTransactions | None = None
 
     # -- setup ----------------------------------------------------------------------
 
@@ -178,6 +185,11 @@ class Session:
         pg = cfg.postgres
         db = self._db = SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s)
         db.require_logical()
+        require_protocol(db.server_version, pg.protocol_version)
+        require_failover(db.server_version, pg.failover)
+        if not has_messages(db.server_version):
+            # PostgreSQL 12, 13: heartbeats and watermarks recognised by xid.
+            self._markers = MarkerTransactions()
         timeout = db.wal_sender_timeout_s()
         if timeout and pg.status_interval_s >= timeout / 2:
             log.warning(
@@ -189,9 +201,15 @@ class Session:
         db.ensure_publication(pg)
         snap = cfg.snapshot
         two_phase = pg.protocol_version >= 3
-        create = pg.create_slot and db.slot_info(pg.slot) is None
         table = SignalTable(db, snap.signal_table)
         self._signal = (table.schema, table.table)
+        if cfg.schema_changes.resnapshot == "auto":
+            # Healing a rewrite is an incremental snapshot, and table states
+            # must outlive the process: both live in the signal table.
+            self._ensure_signal_table(table)
+        # An invalidated slot, or one missing where cdcd streamed before, is
+        # lost: refused (exit 3, 'cdcd resync'), never silently created anew.
+        create = pg.create_slot and check_slot(db, table, pg.slot) is None
         # The signal table is created only when a feature needs it: here the
         # crash-safe initial snapshot of a slot this session creates (raises
         # SignalTableUnavailable: refuse rather than copy without a record).
@@ -232,7 +250,7 @@ class Session:
             if exported is not None:
                 exported.close()
         stream = ReplicationStream(
-            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.binary, pg.connect_timeout_s
+            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.connect_timeout_s
         )
         assert self._tracker is not None and self._sink is not None and self._assembler is not None
         try:
@@ -248,6 +266,16 @@ class Session:
             self._set_streaming(False)
             self._assembler.close()
         self._drain()
+
+    def _ensure_signal_table(self, table: SignalTable) -> None:
+        try:
+            table.ensure()
+        except SignalTableUnavailable as exc:
+            log.warning(
+                "schema changes are tracked in memory only and rewrites are not healed: %s (%s)",
+                exc,
+                exc.hint,
+            )
 
     def _setup(
         self, table: SignalTable, signals: SignalTable | None, exported: ExportedSnapshot | None
@@ -266,6 +294,7 @@ class Session:
             pg.slot,
             pg.create_slot,
             two_phase=pg.protocol_version >= 3,
+            failover=pg.failover,
             beat=self.state.beat,
             stop=self.stop,
         )
@@ -273,6 +302,10 @@ class Session:
             # Said before Kafka is set up, with who holds it: START_REPLICATION
             # would fail the same way, naming only a PID.
             raise slot_in_use(pg.slot, slot_holder(db, slot.active_pid))
+        remember_slot(signals, slot)
+        if self.metrics is not None and slot.inactive_since is not None:
+            # How long nobody streamed from it (PostgreSQL 18 may invalidate it for that).
+            self.metrics.slot_inactive_since.set(slot.inactive_since.timestamp())
         start = slot.confirmed_flush_lsn or Lsn(0)
         log.info("resuming slot %s at %s", pg.slot, start, extra={"slot": pg.slot, "lsn": str(start)})
 
@@ -299,6 +332,7 @@ class Session:
             catalog,
             key_lookup=db.primary_key,
             dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
+            snapshot=True,
         )
         encoder = EnvelopeEncoder(cfg.kafka.topic_prefix, db.database, wire)
         publisher = Publisher(
@@ -310,7 +344,16 @@ class Session:
             ensure_topic=self._ensure_topic,
             metrics=self.metrics,
             transaction_records=cfg.kafka.transaction_records,
+            schema_tracker=SchemaChanges(
+                db,
+                catalog,
+                signals,
+                pg.slot,
+                resnapshot=cfg.schema_changes.resnapshot == "auto",
+                metrics=self.metrics,
+            ),
         )
+        publisher.use_markers(self._markers)
         self._publisher = publisher
         self._assembler = TransactionAssembler(
             relations, publisher, pg.stream_spill_bytes, pg.spill_dir, pg.protocol_version
@@ -348,6 +391,7 @@ class Session:
             metrics=self.metrics,
             resume_initial=snap.mode != "never",
             on_job_done=self._snapshot_done,
+            markers=self._markers,
         )
         return True
 
@@ -511,13 +555,21 @@ class Session:
 
     def _heartbeat(self) -> None:
         if self._db is not None:
-            self._db.emit_heartbeat(HEARTBEAT_PREFIX)
+            self._db.emit_heartbeat(HEARTBEAT_PREFIX, self._markers)
 
     def _sample_lag(self) -> None:
         if self.metrics is None or self._db is None or self._tracker is None:
             return
         current = self._db.current_wal_lsn()
         self.metrics.slot_lag.set(max(0, int(current) - int(self._tracker.confirmed)))
+        health = self._db.slot_health(self.config.postgres.slot)
+        if health is not None:
+            self.metrics.slot_health(
+                health.retained_wal_bytes,
+                health.wal_status,
+                health.wal_keep_size_bytes,
+                health.inactive_since.timestamp() if health.inactive_since else None,
+            )
 
     def _drain(self) -> None:
         """On stop: wait for in-flight deliveries, then confirm what was delivered."""

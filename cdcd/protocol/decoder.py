@@ -18,11 +18,18 @@ byte is its tag. Quirks handled here:
 
 Unknown tags, truncated messages and trailing bytes raise ``ProtocolError``
 with the byte offset; nothing is ever skipped silently.
+
+Compiled path: where the C extension ``cdcd.protocol._native`` is built (and
+``CDCD_PURE_PYTHON`` is not set), Begin, Commit, Insert, Update and Delete
+outside stream blocks are parsed in C into the same message objects; every
+other message, and anything irregular, comes here. This module is the
+reference; the tests prove both paths equal (tests/protocol/test_native.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from struct import Struct
 from struct import error as StructError
 from typing import NoReturn
@@ -58,6 +65,7 @@ from cdcd.protocol.messages import (
     Update,
     fast_constructor,
 )
+from cdcd.protocol.native import load_native
 
 _U8 = Struct("!B")
 _U16 = Struct("!H")
@@ -205,14 +213,33 @@ def _tuple_data(buf: bytes, pos: int) -> tuple[TupleData, int]:
     return parser(buf, pos + 2, size)
 
 
+# The compiled parser, if built and allowed; it builds these classes.
+_NATIVE = load_native("cdcd.protocol._native")
+if _NATIVE is not None:
+    _NATIVE.configure(
+        Lsn,
+        *(
+            (cls, tuple(f.name for f in fields(cls)))
+            for cls in (Begin, Commit, Insert, Update, Delete, TupleData)
+        ),
+    )
+
+
 class PgOutputDecoder:
     """Decodes one pgoutput payload at a time, tracking stream blocks.
 
     ``protocol_version`` is the ``proto_version`` requested from the server; it
     decides which optional fields may appear (the v4 Stream Abort fields).
+
+    ``decode(payload)`` is the compiled parser where it is available (it
+    hands everything it does not take to :meth:`decode_python`), else
+    :meth:`decode_python` itself: an attribute, so that the hot path calls C
+    without a Python frame in between.
     """
 
-    __slots__ = ("_dispatch", "in_stream", "protocol_version")
+    __slots__ = ("_dispatch", "decode", "in_stream", "protocol_version")
+
+    decode: Callable[[bytes], Message]
 
     def __init__(self, protocol_version: int = 1) -> None:
         if not 1 <= protocol_version <= 4:
@@ -240,8 +267,16 @@ class PgOutputDecoder:
             0x72: self._rollback_prepared,  # r
             0x70: self._stream_prepare,  # p
         }
+        self.decode = (
+            _NATIVE.Decoder(self, self.decode_python) if _NATIVE is not None else self.decode_python
+        )
 
-    def decode(self, payload: bytes) -> Message:
+    @property
+    def compiled(self) -> bool:
+        """Whether ``decode`` is the compiled parser."""
+        return self.decode != self.decode_python
+
+    def decode_python(self, payload: bytes) -> Message:
         """Decode one whole message; raises ``ProtocolError`` on anything unexpected."""
         if not payload:
             raise ProtocolError("empty pgoutput message", 0, payload)

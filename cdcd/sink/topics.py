@@ -35,6 +35,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit 
 )
 
 from cdcd import naming
+from cdcd.config.kafka_client import admin_config
 from cdcd.config.model import KafkaConfig
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
 from cdcd.naming import TopicSpec
@@ -50,31 +51,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Prefixes of librdkafka properties that concern connecting and authenticating,
-# which an admin client needs as much as the producer.
-_ADMIN_PREFIXES = (
-    "security.",
-    "ssl.",
-    "ssl_",
-    "sasl.",
-    "enable.ssl.",
-    "enable.sasl.",
-    "https.",
-    "socket.",
-    "client.",
-    "broker.",
-    "reconnect.",
-    "connections.max.idle.ms",
-    "api.version",
-    "metadata.",
-    "topic.metadata.",
-    "retry.backoff",
-    "debug",
-    "log_level",
-    "log.",
-    "allow.auto.create.topics",
-)
-
 
 def topic_spec(kafka: KafkaConfig, name: str) -> TopicSpec:
     """How cdcd creates topic ``name`` under ``kafka``'s settings (the rule: :func:`cdcd.naming.topic_spec`)."""
@@ -87,19 +63,6 @@ def topic_spec(kafka: KafkaConfig, name: str) -> TopicSpec:
 
 
 # --------------------------------------------------------------------- admin
-
-
-def admin_config(
-    bootstrap_servers: str, producer_props: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """AdminClient configuration: the broker list plus the producer's connection/security properties."""
-    config: dict[str, Any] = {
-        key: value
-        for key, value in (producer_props or {}).items()
-        if key.startswith(_ADMIN_PREFIXES)
-    }
-    config["bootstrap.servers"] = bootstrap_servers
-    return config
 
 
 class _Admin:

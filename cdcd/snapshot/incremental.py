@@ -5,7 +5,11 @@ Framework", 2020), which Debezium's incremental snapshots also follow. For
 each chunk of a table, a worker thread on its own connection
 
 1. writes a *low watermark* into the WAL: ``pg_logical_emit_message(true,
-   'cdcd.watermark', 'low <chunk id>')`` in a transaction of its own;
+   'cdcd.watermark', 'low <chunk id>')`` in a transaction of its own (on
+   PostgreSQL 12 and 13, whose pgoutput sends no messages, the stream
+   recognises that transaction by its id instead, registered before it
+   commits: ``cdcd.source.markers``, which explains why the order below
+   holds all the same);
 2. reads the chunk — the next ``snapshot.chunk_rows`` keys after the last
    chunk, in key order (``cdcd.snapshot.rows``) — inside a REPEATABLE READ
    transaction whose first statement records the snapshot
@@ -70,6 +74,7 @@ from typing import Any
 
 import psycopg2
 import psycopg2.errors
+import psycopg2.extensions
 
 from cdcd.ack.tracker import TxnTicket
 from cdcd.decode.relations import RelationCache
@@ -81,9 +86,11 @@ from cdcd.protocol.messages import LogicalMessage
 from cdcd.snapshot.progress import ProgressLog, TableProgress
 from cdcd.snapshot.publisher import SnapshotPublisher
 from cdcd.snapshot.rows import (
+    COLUMNS_SQL,
     Chunk,
     Key,
     TablePlan,
+    catalog_columns,
     estimate_rows,
     key_text,
     plan_table,
@@ -100,6 +107,7 @@ from cdcd.snapshot.store import (
     query_error,
 )
 from cdcd.source.database import SourceDatabase, connect
+from cdcd.source.markers import MarkerTransactions
 
 __all__ = ["ChunkWindow", "IncrementalSnapshots", "Visibility"]
 
@@ -205,12 +213,30 @@ class TableGoneError(DefiniteError):
     """The table being snapshotted was dropped or changed beyond reading."""
 
 
-class ChunkWorker:
-    """The thread that writes watermarks and reads chunks on its own connection."""
+class StalePlan(TransientError):
+    """The table's columns changed (ALTER TABLE) since its chunks were planned.
 
-    def __init__(self, dsn: str, timeout_s: float) -> None:
+    Checked inside the chunk's read transaction, whose snapshot is taken
+    after the low watermark: a DDL committed before it is seen, and the
+    chunk is read again with the new columns, so no chunk row lacks a
+    column (or keeps an old name) that the stream already published.
+    """
+
+
+class ChunkWorker:
+    """The thread that writes watermarks and reads chunks on its own connection.
+
+    With ``markers`` (PostgreSQL 12 and 13, whose pgoutput sends no logical
+    messages) each watermark's transaction is registered there before it
+    commits, and the stream recognises it by its id (``cdcd.source.markers``).
+    """
+
+    def __init__(
+        self, dsn: str, timeout_s: float, markers: MarkerTransactions | None = None
+    ) -> None:
         self._dsn = dsn
         self._timeout_s = timeout_s
+        self._markers = markers
         self._requests: queue.Queue[ChunkRequest | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="cdcd-incremental", daemon=True)
         self._thread.start()
@@ -247,32 +273,46 @@ class ChunkWorker:
             if conn is not None and not conn.closed:
                 conn.close()
 
+    def _watermark(self, conn: Any, cursor: Any, content: str) -> None:
+        """Commit a watermark: a transaction of its own, carried by the stream in commit order."""
+        if self._markers is None:
+            cursor.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, content))
+            return
+        cursor.execute("BEGIN")
+        try:
+            self._markers.write(cursor, WATERMARK_PREFIX, content)
+            cursor.execute("COMMIT")
+        finally:
+            # Failed before COMMIT: leave the connection usable for the next chunk.
+            idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+            if not conn.closed and conn.info.transaction_status != idle:
+                cursor.execute("ROLLBACK")
+
     def _chunk(self, conn: Any, request: ChunkRequest) -> None:
         with conn.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_logical_emit_message(true, %s, %s)",
-                (WATERMARK_PREFIX, f"low {request.id}"),
-            )
+            self._watermark(conn, cursor, f"low {request.id}")
             function = "pg_current_snapshot" if conn.server_version >= 130000 else "txid_current_snapshot"
             cursor.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             try:
                 cursor.execute(f"SELECT {function}()::text")
                 request.visibility = Visibility.parse(cursor.fetchone()[0])
                 request.chunk = read_chunk(cursor, request.plan, request.after, None, request.limit)
+                cursor.execute(COLUMNS_SQL, (request.plan.relation_id,))
+                if catalog_columns(cursor.fetchall()) != request.plan.catalog_columns:
+                    raise StalePlan(f"the columns of {request.plan.name} changed during its snapshot")
             finally:
                 if not conn.closed:
                     cursor.execute("ROLLBACK")
             request.ready.set()
-            cursor.execute(
-                "SELECT pg_logical_emit_message(true, %s, %s)",
-                (WATERMARK_PREFIX, f"high {request.id}"),
-            )
+            self._watermark(conn, cursor, f"high {request.id}")
 
 
 def _chunk_error(exc: psycopg2.Error, table: str) -> CdcdError:
     message = query_error(exc)
     if isinstance(exc, psycopg2.errors.UndefinedTable):
         return TableGoneError(f"table {table} disappeared during its snapshot: {message}")
+    if isinstance(exc, psycopg2.errors.UndefinedColumn):  # renamed or dropped since planned
+        return StalePlan(f"the columns of {table} changed during its snapshot: {message}")
     if isinstance(exc, psycopg2.OperationalError):
         return TransientError(f"snapshot read of {table} failed: {message}")
     return TableGoneError(
@@ -314,6 +354,7 @@ class IncrementalSnapshots:
         resume_initial: bool,
         on_job_done: Callable[[Job], None],
         table_ready: bool = True,
+        markers: MarkerTransactions | None = None,
     ) -> None:
         self.db = db
         self.dsn = dsn
@@ -344,6 +385,7 @@ class IncrementalSnapshots:
         self._read_all = False  # every table of the job published, waiting for delivery
         self._unsaved: deque[tuple[TxnTicket, dict[str, Any]]] = deque()
         self._worker: ChunkWorker | None = None
+        self._markers = markers
         publisher.on_watermark(self.on_watermark)
 
     @property
@@ -519,6 +561,9 @@ class IncrementalSnapshots:
         self._window = ChunkWindow()
 
     def _failed(self, error: BaseException) -> None:
+        if isinstance(error, StalePlan) and self._table is not None and self._job is not None:
+            self._replan(error)
+            return
         if isinstance(error, TableGoneError) and self._job is not None:
             log.error("snapshot job %s failed: %s", self._job.id, error, extra={"job": self._job.id})
             self.signals.fail(self._job, str(error))
@@ -582,6 +627,26 @@ class IncrementalSnapshots:
         self.publisher.watch(plan.relation_id, self._record)
         self._dispatch()
 
+    def _replan(self, reason: StalePlan) -> None:
+        """Read the failed chunk again with the table's current columns."""
+        run, job = self._table, self._job
+        assert run is not None and job is not None
+        schema, table = run.plan.version.schema, run.plan.version.table
+        try:
+            plan = plan_table(self.db, self.relations, schema, table, self.publication)
+        except DefiniteError as exc:
+            self._failed(TableGoneError(str(exc)))
+            return
+        if plan.relation_id != run.plan.relation_id:
+            self._failed(TableGoneError(f"table {run.plan.name} was dropped and created again"))
+            return
+        encoder = self.publisher.snapshot_encoder(plan.version)
+        if encoder is None:
+            raise DefiniteError(f"table {run.plan.name} is not captured", hint="this is a bug; report it")
+        log.info("%s; reading the chunk again with the new columns", reason, extra={"job": job.id})
+        self._table = _TableRun(plan, encoder, run.progress, run.after)
+        self._dispatch()
+
     def _dispatch(self) -> None:
         run = self._table
         assert run is not None
@@ -594,7 +659,7 @@ class IncrementalSnapshots:
         )
         self._request = request
         if self._worker is None or not self._worker.alive:
-            self._worker = ChunkWorker(self.dsn, self.timeout_s)
+            self._worker = ChunkWorker(self.dsn, self.timeout_s, self._markers)
         self._worker.submit(request)
 
     def _record(self, xid: int, key: bytes | None) -> None:

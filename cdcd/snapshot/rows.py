@@ -68,6 +68,9 @@ class TablePlan:
     key_columns: tuple[str, ...]  # quoted, in key order; empty: no key
     key_types: tuple[str, ...]  # format_type() of each key column, for typed literals
     row_filter: str | None = None  # the publication's row filter (PostgreSQL 15+), SQL
+    #: Every column of the table as the catalog had it when planned (name,
+    #: type, typmod): a chunk read re-checks it, see :data:`COLUMNS_SQL`.
+    catalog_columns: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def relation_id(self) -> int:
@@ -118,6 +121,17 @@ class TablePlan:
         return tuple(
             bytes(values[i] or b"").decode("utf-8") for i in self.version.key_indexes
         )
+
+
+#: The table's columns as :attr:`TablePlan.catalog_columns` records them.
+COLUMNS_SQL = (
+    "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s "
+    "AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+)
+
+
+def catalog_columns(rows: list[tuple[Any, ...]]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((str(name), int(type_oid), int(typmod)) for name, type_oid, typmod in rows)
 
 
 def plan_table(
@@ -179,6 +193,7 @@ def plan_table(
         key_columns=tuple(quote_ident(n) for n in key_names),
         key_types=tuple(types[n] for n in key_names),
         row_filter=f"({row_filter})" if row_filter else None,
+        catalog_columns=catalog_columns(db.query(COLUMNS_SQL, (version.relation_id,))),
     )
 
 

@@ -34,8 +34,11 @@ even with ``FOR ALL TABLES``).
 cdcd creates the table (``CREATE`` privilege on the schema needed) only when
 a feature needs it, so that a daemon that only streams adds nothing to the
 application's database: the daemon before it creates a slot with an initial
-snapshot (whose crash safety depends on the job row), and ``cdcd snapshot``
-before it inserts a request. Otherwise the operator may create it with
+snapshot (whose crash safety depends on the job row), the daemon at startup
+when ``schema_changes.resnapshot`` is ``auto`` (healing rewrites is an
+incremental snapshot, and the tables' recorded shapes live here too, see
+``cdcd.pipeline.schema_changes``), and ``cdcd snapshot`` before it inserts a
+request. Otherwise the operator may create it with
 :data:`DDL`. A running daemon that found no table looks for it again at
 every poll (a catalog lookup, no DDL), so a table created later by ``cdcd
 snapshot`` serves requests without a restart. When it can be neither created
@@ -302,6 +305,50 @@ class SignalTable:
         job.status = FAILED
         job.progress["error"] = reason
         self.save(job)
+
+    # -- other records ----------------------------------------------------------------
+
+    def records(self, kind: str, id_prefix: str) -> list[tuple[str, Any]]:
+        """``(id, data)`` of the rows of type ``kind`` whose id starts with ``id_prefix``.
+
+        Besides jobs, the table keeps records of cdcd's own (status ``done``,
+        so never taken for a job): schema-change tracking keeps each table's
+        last published shape here (``cdcd.pipeline.schema_changes``).
+        """
+        rows = self._query(
+            f"SELECT id, data FROM {self.sql} WHERE type = %s AND starts_with(id, %s) ORDER BY id",
+            (kind, id_prefix),
+        )
+        return [(str(r[0]), _json(r[1])) for r in rows]
+
+    def record(
+        self, record_id: str, kind: str, data: Any, job: tuple[str, Any] | None = None
+    ) -> None:
+        """Write a record and, in the same statement, request a job ``(id, data)`` if given.
+
+        One statement, so both happen or neither: a job requested because of
+        what the record says is never lost, nor requested twice (its id is
+        fixed by the caller; an existing one is left as it is).
+        """
+        params: dict[str, Any] = {
+            "id": record_id,
+            "kind": kind,
+            "data": json.dumps(data),
+            "done": DONE,
+            "job_id": job[0] if job is not None else None,
+            "job_type": EXECUTE,
+            "job_data": json.dumps(job[1]) if job is not None else None,
+        }
+        self._query(
+            f"WITH saved AS (INSERT INTO {self.sql} (id, type, data, status) "
+            "VALUES (%(id)s, %(kind)s, %(data)s::jsonb, %(done)s) ON CONFLICT (id) DO UPDATE SET "
+            "type = EXCLUDED.type, data = EXCLUDED.data, status = EXCLUDED.status, "
+            "updated_at = now() RETURNING 1) "
+            f"INSERT INTO {self.sql} (id, type, data) "
+            "SELECT %(job_id)s, %(job_type)s, %(job_data)s::jsonb FROM saved "
+            "WHERE %(job_id)s IS NOT NULL ON CONFLICT (id) DO NOTHING",
+            params,
+        )
 
     # -- the initial snapshot -------------------------------------------------------
 

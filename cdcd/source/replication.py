@@ -7,9 +7,11 @@ for why psycopg2's own feedback could confirm undelivered transactions.
 
 pgoutput options by protocol version: v2 adds ``streaming on`` (large
 in-progress transactions), v3 ``two_phase on`` (needs a two-phase slot), v4
-``streaming parallel`` (PostgreSQL 16+; PostgreSQL 15 refuses v4 with an
-error that is reported as definite). ``messages true`` always, so that
-``pg_logical_emit_message`` output (and cdcd's heartbeats) arrive.
+``streaming parallel`` (PostgreSQL 16+; the session refuses a version the
+server does not speak before it gets here, ``cdcd.source.versions``).
+``messages true`` where pgoutput has it (14+), so that
+``pg_logical_emit_message`` output (and cdcd's heartbeats and watermarks)
+arrive; 12 and 13 would refuse the option (``cdcd.source.markers``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cdcd.errors import DefiniteError, TransientError
 from cdcd.protocol.lsn import Lsn
 from cdcd.source.database import connect
 from cdcd.source.feedback import send_status
+from cdcd.source.versions import has_messages
 
 #: psycopg2 must never send status updates on its own timer (see feedback.py).
 _PSYCOPG_STATUS_INTERVAL_S = 10**7
@@ -53,7 +56,8 @@ def classify_stream_error(exc: psycopg2.Error, slot: str) -> TransientError | De
         return DefiniteError(
             f"replication on slot {slot} failed: {message}",
             hint="check postgres.publication, postgres.slot and postgres.protocol_version "
-            "(PostgreSQL 15 supports 1..3; 3 needs a two-phase slot)",
+            "(PostgreSQL 12 and 13 speak 1, 14 up to 2, 15 up to 3, 16+ up to 4; "
+            "3 needs a two-phase slot)",
         )
     return TransientError(f"replication connection lost: {message}")
 
@@ -67,34 +71,38 @@ def _option_ident(name: str) -> str:
 class ReplicationStream:
     """One walsender session on the slot."""
 
+    #: ``server_version_num`` of the walsender's server (which options it
+    #: takes); set from the connection, 0 (the oldest options) until then.
+    server_version = 0
+
     def __init__(
         self,
         dsn: str,
         slot: str,
         publication: str,
         protocol_version: int,
-        binary: bool = False,
         timeout_s: float = 10.0,
     ) -> None:
         self.slot = slot
         self.publication = publication
         self.protocol_version = protocol_version
-        self.binary = binary
         self._conn = connect(dsn, replication=True, timeout_s=timeout_s)
         self._cursor: Any = self._conn.cursor()
+        self.server_version = int(self._conn.server_version)
 
     def options(self) -> dict[str, str]:
         options = {
             "proto_version": str(self.protocol_version),
             "publication_names": _option_ident(self.publication),
-            "messages": "true",
         }
+        if has_messages(self.server_version):
+            options["messages"] = "true"
         if self.protocol_version >= 2:
             options["streaming"] = "parallel" if self.protocol_version >= 4 else "on"
         if self.protocol_version >= 3:
             options["two_phase"] = "on"
-        if self.binary:
-            options["binary"] = "true"
+        # Never "binary": text values cost the server as much and cdcd less
+        # (docs/performance.md), and every type has a text form.
         return options
 
     def start(self, start_lsn: Lsn) -> None:

@@ -172,10 +172,8 @@ class _Stop:
 def start_query(
     spark: SparkSession, config: CdcdConfig, output: Path, *, once: bool, interval_s: float
 ) -> tuple[StreamingQuery, MirrorJob]:
-    from cdcd.spark.decode import SchemaCatalog
     from cdcd.spark.mirror import MirrorJob, MirrorStore
-    from cdcd.spark.reader import read_raw
-    from cdcd.spark.source import KafkaOptions
+    from cdcd.spark.reader import read_raw, schema_catalog
 
     store = MirrorStore(output)
     store.open()
@@ -184,7 +182,7 @@ def start_query(
         # from the start; applying is idempotent, so nothing is skipped.
         store.batch_id = -1
     options = _subscription(config)
-    catalog = SchemaCatalog.from_config(config, KafkaOptions.from_options(options))
+    catalog = schema_catalog(config, options)
     raw: DataFrame = read_raw(spark, options, streaming=True)
     job = MirrorJob(store, catalog)
     writer = (

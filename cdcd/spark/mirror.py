@@ -1,53 +1,10 @@
-"""Parquet mirrors of the captured tables, kept by applying change batches.
+"""Parquet mirrors of the captured tables: the store and the Spark job (the I/O).
 
-What a batch does to a table (SPEC §8)
---------------------------------------
-Changes are applied in (``cdcd.lsn``, ``cdcd.seq``) order, which is commit
-order: inserts, snapshot reads and updates are upserts by the table's key
-(the replica identity), deletes remove the row, an update's
-``unchanged_toast`` columns keep the value the row had, and a truncate
-empties the table. The mirror follows the newest schema of the table: a
-column added upstream appears (null in rows written before it existed, as
-the change stream has no other value for them), a dropped one disappears,
-and a changed type is converted where that is exact.
-
-Why every row carries a version
--------------------------------
-A batch is a set of per-partition offset ranges, and Kafka orders records
-only within a partition. Rows of one key always share a partition, but a
-truncate has no key and lands on any partition, so a batch may hold a
-truncate while changes committed *before* it, on other partitions, arrive
-only in the next batch -- or changes committed after it arrive first. Each
-mirrored row therefore keeps the (lsn, seq) of the change that wrote it
-(stored beside the data, never in it), and each table the version of its
-last truncate:
-
-* a truncate at T removes the rows older than T and nothing newer;
-* a change older than the last truncate is ignored;
-* a change not newer than its row's version is ignored (stale or repeated).
-
-Duplicates: after a daemon crash the topics repeat a stretch of changes with
-the same (lsn, seq) (SPEC §7). Within a batch they collapse to one. Across
-batches, a keyed change whose version is not above the highest version
-already applied *from the same partition* is a repeat -- the idempotent
-producer appends to a partition in production order, so a version below
-that high-water mark was either applied or repeats one that was. That also
-covers a deleted row's repeated insert, which the per-row version cannot (the
-row is gone). Truncates need no such rule: applying one twice changes
-nothing.
-
-A primary key change is published as delete(old key), tombstone,
-create(new key) at seq, seq+1, seq+2 of one transaction, on two partitions,
-and the create's unchanged TOAST columns can only come from the deleted row.
-When a batch boundary splits the pair, the deleted rows of the last two
-batches are kept for a create that comes later, and a create that comes first
-is held back (with what follows it for its key) until its delete arrives, at
-most three batches.
-
-Tables without a key (no primary key nor identity index) are matched on the
-whole old row (``REPLICA IDENTITY FULL``); their changes travel with a null
-key on random partitions, so across batches only exact repeats of a row's
-insert are recognised.
+What a batch does to a table, and why every row carries a version, is the
+pure code of :mod:`cdcd.spark.apply`; decoding is :mod:`cdcd.spark.decode`.
+Here: reading and writing the output directory, and the ``foreachBatch``
+job that decodes a micro-batch on the executors and applies it table by
+table.
 
 Storage and atomic replacement
 ------------------------------
@@ -79,595 +36,42 @@ import shutil
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
-from cdcd.spark.decode import (
-    NativeChanges,
-    RowLayout,
-    SchemaCatalog,
-    changes_arrow_schema,
-    convert_column,
-    newest_version,
-    to_reader,
+from cdcd.spark.apply import (
+    META_LSN,
+    META_SEQ,
+    ApplyStats,
+    Stored,
+    TableState,
+    apply_batch,
+    empty_rows,
+    reader_changes,
 )
+from cdcd.spark.decode import PAYLOAD_DDL, NativeChanges, decode_payloads, read_payloads
+from cdcd.spark.layout import changes_arrow_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = [
-    "META_LSN",
-    "META_SEQ",
-    "ApplyResult",
-    "ApplyStats",
-    "MirrorJob",
-    "MirrorStore",
-    "TableState",
-    "apply_changes",
-    "empty_rows",
-    "evolve",
-    "table_dir_name",
-]
+    from cdcd.consumer import SchemaCatalog
+
+__all__ = ["BatchReport", "MirrorJob", "MirrorStore"]
 
 log = logging.getLogger(__name__)
 
-META_LSN = "__cdcd_lsn"
-META_SEQ = "__cdcd_seq"
 STATE_DIR = ".cdcd-mirror"
 FORMAT = 1
 
-Version = tuple[int, int]
-
-
-# ----------------------------------------------------------------------------- row tables
-
-
-def state_schema(layout: RowLayout) -> pa.Schema:
-    """The mirror's working table: the row columns plus the row versions."""
-    return (
-        layout.arrow_schema()
-        .append(pa.field(META_LSN, pa.int64()))
-        .append(pa.field(META_SEQ, pa.int64()))
-    )
-
-
-def empty_rows(layout: RowLayout) -> pa.Table:
-    return state_schema(layout).empty_table()
-
-
-def evolve(
-    rows: pa.Table, layout: RowLayout, table: str = "", previous: RowLayout | None = None
-) -> pa.Table:
-    """``rows`` with ``layout``'s columns: new ones null, dropped ones gone, types converted.
-
-    ``previous`` is the layout the rows were written with, when known: its
-    column types guide the conversion (see :func:`cdcd.spark.decode.convert_column`).
-    """
-    target = state_schema(layout)
-    types = {c.name: c.type for c in layout.columns}
-    before = {c.name: c.type for c in previous.columns} if previous is not None else {}
-    arrays = []
-    for target_field in target:
-        name = target_field.name
-        if name not in rows.column_names:
-            if name in (META_LSN, META_SEQ):
-                raise DefiniteError(f"mirror of {table or 'a table'}: row versions are missing")
-            arrays.append(pa.nulls(rows.num_rows, target_field.type))
-            continue
-        column = rows.column(name)
-        if column.type != target_field.type:
-            try:
-                if name in before:
-                    column = pa.chunked_array(
-                        [
-                            convert_column(chunk, before[name], types[name])
-                            for chunk in column.chunks
-                        ],
-                        target_field.type,
-                    )
-                else:
-                    column = column.cast(target_field.type)
-            except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise DefiniteError(
-                    f"mirror of {table or 'a table'}: column {name!r} changed type from "
-                    f"{column.type} to {target_field.type} and its rows cannot be converted: {exc}",
-                    hint="mirror into a new output directory",
-                ) from exc
-        arrays.append(column)
-    return pa.Table.from_arrays(arrays, schema=target)
-
-
-def _canonical(changes: pa.Table, layout: RowLayout) -> pa.Table:
-    """Decoded changes in exactly :func:`changes_arrow_schema` (Spark's Arrow may differ)."""
-    target = changes_arrow_schema(layout)
-    if changes.schema.equals(target):
-        return changes
-    try:
-        return changes.select(target.names).cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as exc:
-        raise DefiniteError(f"decoded changes do not have the expected columns: {exc}") from exc
-
-
-# ----------------------------------------------------------------------------- apply
-
-
-@dataclass
-class ApplyStats:
-    applied: int = 0
-    duplicates: int = 0
-    stale: int = 0
-    deleted: int = 0
-    truncates: int = 0
-    toast_kept: int = 0
-    toast_missing: int = 0
-    unmatched: int = 0
-    held_back: int = 0
-
-    def __add__(self, other: ApplyStats) -> ApplyStats:
-        return ApplyStats(*(a + b for a, b in zip(self.astuple(), other.astuple(), strict=True)))
-
-    def astuple(self) -> tuple[int, ...]:
-        return (
-            self.applied,
-            self.duplicates,
-            self.stale,
-            self.deleted,
-            self.truncates,
-            self.toast_kept,
-            self.toast_missing,
-            self.unmatched,
-            self.held_back,
-        )
-
-
-@dataclass
-class ApplyResult:
-    rows: pa.Table
-    truncated_at: Version | None
-    high_water: dict[int, Version]
-    stats: ApplyStats
-    #: Changes held back for the next batch (see :func:`apply_changes`), with ``DEFERRALS``.
-    pending: pa.Table | None = None
-    #: Rows deleted by this batch and the one before (``state_schema`` plus ``AGE``).
-    recent_deletes: pa.Table | None = None
-
-
-DEFERRALS = "__cdcd_deferrals"
-AGE = "__cdcd_age"
-#: Batches a key-change create waits for its delete before it is applied without it.
-MAX_DEFERRALS = 3
-#: Batches a deleted row is kept for a key-change create that arrives later.
-RECENT_DELETE_BATCHES = 2
-
-
-def pending_schema(layout: RowLayout) -> pa.Schema:
-    return changes_arrow_schema(layout).append(pa.field(DEFERRALS, pa.int32()))
-
-
-def recent_schema(layout: RowLayout) -> pa.Schema:
-    return state_schema(layout).append(pa.field(AGE, pa.int32()))
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
-
-
-def _older(lsn: pa.ChunkedArray, seq: pa.ChunkedArray, version: Version) -> pa.ChunkedArray:
-    """Mask of rows whose (lsn, seq) is below ``version``."""
-    return pc.or_(
-        pc.less(lsn, version[0]),
-        pc.and_(pc.equal(lsn, version[0]), pc.less(seq, version[1])),
-    )
-
-
-def _find_rows(
-    rows: pa.Table, key_names: Sequence[str], keys: list[tuple[Any, ...]]
-) -> dict[tuple[Any, ...], int]:
-    """Row index of each key present in ``rows``."""
-    if not keys or rows.num_rows == 0:
-        return {}
-    wanted = pa.table(
-        {
-            name: pa.array([key[i] for key in keys], rows.schema.field(name).type)
-            for i, name in enumerate(key_names)
-        }
-    )
-    indexed = rows.select(list(key_names)).append_column(
-        "__cdcd_row", pa.array(range(rows.num_rows), pa.int64())
-    )
-    try:
-        joined = indexed.join(wanted, keys=list(key_names), join_type="inner")
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-        # Key types the hash join does not support (e.g. arrays): scan.
-        wanted_set = set(keys)
-        columns = [rows.column(name).to_pylist() for name in key_names]
-        return {
-            key: i
-            for i, key in enumerate(zip(*(map(_hashable, c) for c in columns), strict=True))
-            if key in wanted_set
-        }
-    found: dict[tuple[Any, ...], int] = {}
-    key_columns = [joined.column(name).to_pylist() for name in key_names]
-    for key, index in zip(
-        zip(*key_columns, strict=True), joined.column("__cdcd_row").to_pylist(), strict=True
-    ):
-        found[tuple(_hashable(v) for v in key)] = index
-    return found
-
-
-def apply_changes(
-    rows: pa.Table,
-    changes: pa.Table,
-    layout: RowLayout,
-    *,
-    truncated_at: Version | None = None,
-    high_water: Mapping[int, Version] | None = None,
-    pending: pa.Table | None = None,
-    recent_deletes: pa.Table | None = None,
-) -> ApplyResult:
-    """Apply decoded changes (:func:`cdcd.spark.decode.changes_arrow_schema`) to ``rows``.
-
-    ``rows`` is the mirror's working table (:func:`state_schema`; see
-    :func:`evolve`). Returns the new rows, truncate version and per-partition
-    high-water marks. Pure: nothing is written.
-
-    A primary key change is published as delete(old key), tombstone and
-    create(new key) at seq, seq+1, seq+2 of one transaction, on the two keys'
-    partitions; the create's unchanged TOAST columns can only come from the
-    deleted row. When a batch splits the pair, the create (and what follows
-    it for its key) is returned in ``pending`` to be passed to the next
-    batch, for at most ``MAX_DEFERRALS`` batches, and deleted rows are
-    returned in ``recent_deletes`` for a create that comes after its delete.
-    """
-    rows = evolve(rows, layout)
-    changes = _canonical(changes, layout)
-    incoming = changes.num_rows
-    if pending is not None and pending.num_rows:
-        pending = pending.select(pending_schema(layout).names).cast(pending_schema(layout))
-        changes = pa.concat_tables([changes, pending.drop_columns([DEFERRALS])])
-        deferrals_in = [0] * incoming + pending.column(DEFERRALS).to_pylist()
-    else:
-        deferrals_in = [0] * incoming
-    stats = ApplyStats()
-    old_high_water = dict(high_water or {})
-    new_high_water = dict(old_high_water)
-    keyed = bool(layout.key_names)
-
-    meta = changes.select(["partition", "lsn", "seq", "op"]).to_pydict()
-    partitions, lsns, seqs, ops = meta["partition"], meta["lsn"], meta["seq"], meta["op"]
-    seen: set[Version] = set()
-    kept: list[int] = []
-    for i in range(changes.num_rows):
-        version = (lsns[i], seqs[i])
-        op = ops[i]
-        if op not in ("c", "r", "u", "d", "t"):
-            raise DefiniteError(
-                f"unknown change operation {op!r} at (lsn {lsns[i]}, seq {seqs[i]})"
-            )
-        if keyed and op != "t" and i < incoming:  # held-back changes passed the check before
-            partition = partitions[i]
-            mark = old_high_water.get(partition)
-            if mark is not None and version <= mark:
-                stats.duplicates += 1
-                continue
-            if partition not in new_high_water or version > new_high_water[partition]:
-                new_high_water[partition] = version
-        if version in seen:
-            stats.duplicates += 1
-            continue
-        seen.add(version)
-        kept.append(i)
-    kept.sort(key=lambda i: (lsns[i], seqs[i]))
-
-    # Truncates first: they bound everything else.
-    truncate = truncated_at
-    for i in kept:
-        if ops[i] == "t":
-            stats.truncates += 1
-            version = (lsns[i], seqs[i])
-            if truncate is None or version > truncate:
-                truncate = version
-    if truncate is not None and truncate != truncated_at and rows.num_rows:
-        rows = rows.filter(
-            pc.invert(_older(rows.column(META_LSN), rows.column(META_SEQ), truncate))
-        )
-    order = []
-    for i in kept:
-        if ops[i] == "t":
-            continue
-        if truncate is not None and (lsns[i], seqs[i]) < truncate:
-            stats.stale += 1
-            continue
-        order.append(i)
-
-    recent = _recent_deletes(recent_deletes, layout)
-    deleted: dict[Version, dict[str, Any]] = {}
-    deferred: list[int] = []
-    if order:
-        subset = changes.take(pa.array(order, pa.int64()))
-        if keyed:
-            rows, deleted, held = _apply_keyed(
-                rows, subset, layout, stats, recent, [deferrals_in[i] for i in order]
-            )
-            deferred = [order[j] for j in held]
-            stats.held_back = len(deferred)
-        else:
-            rows = _apply_keyless(rows, subset, layout, stats)
-    held_back = None
-    if deferred:
-        held_back = changes.take(pa.array(deferred, pa.int64())).append_column(
-            DEFERRALS, pa.array([deferrals_in[i] + 1 for i in deferred], pa.int32())
-        )
-    return ApplyResult(
-        rows,
-        truncate,
-        new_high_water,
-        stats,
-        held_back,
-        _aged_deletes(recent_deletes, deleted, layout),
-    )
-
-
-def _recent_deletes(table: pa.Table | None, layout: RowLayout) -> dict[Version, dict[str, Any]]:
-    if table is None or table.num_rows == 0:
-        return {}
-    names = layout.names
-    out = {}
-    for row in evolve(table.drop_columns([AGE]), layout).to_pylist():
-        out[(row[META_LSN], row[META_SEQ])] = {name: row[name] for name in names}
-    return out
-
-
-def _aged_deletes(
-    previous: pa.Table | None, deleted: dict[Version, dict[str, Any]], layout: RowLayout
-) -> pa.Table | None:
-    """This batch's deleted rows (age 0) and the previous ones still young enough."""
-    schema = recent_schema(layout)
-    parts = []
-    if previous is not None and previous.num_rows:
-        older = previous.filter(pc.less(previous.column(AGE), RECENT_DELETE_BATCHES - 1))
-        if older.num_rows:
-            aged = evolve(older.drop_columns([AGE]), layout).append_column(
-                AGE, pc.add(older.column(AGE), 1).cast(pa.int32())
-            )
-            parts.append(aged)
-    if deleted:
-        parts.append(
-            pa.Table.from_pylist(
-                [
-                    {**values, META_LSN: v[0], META_SEQ: v[1], AGE: 0}
-                    for v, values in deleted.items()
-                ],
-                schema=schema,
-            )
-        )
-    return pa.concat_tables(parts) if parts else None
-
-
-def _change_records(changes: pa.Table) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = changes.select(
-        ["lsn", "seq", "op", "unchanged_toast", "before", "after"]
-    ).to_pylist()
-    return records
-
-
-def _apply_keyed(
-    rows: pa.Table,
-    changes: pa.Table,
-    layout: RowLayout,
-    stats: ApplyStats,
-    recent: Mapping[Version, dict[str, Any]],
-    deferrals: Sequence[int],
-) -> tuple[pa.Table, dict[Version, dict[str, Any]], list[int]]:
-    """Fold the changes (in version order) into per-key states, then rebuild the rows.
-
-    Returns the rows, the rows this batch deleted (by delete version) and the
-    positions of the changes held back (see :func:`apply_changes`).
-    """
-    key_names = layout.key_names
-    names = layout.names
-    records = _change_records(changes)
-    keys: list[tuple[Any, ...]] = []
-    for record in records:
-        image = record["after"] if record["op"] != "d" else record["before"]
-        if image is None:
-            raise DefiniteError(
-                f"change at (lsn {record['lsn']}, seq {record['seq']}) op {record['op']!r} "
-                "has no row image"
-            )
-        keys.append(tuple(_hashable(image[k]) for k in key_names))
-
-    found = _find_rows(rows, key_names, list(dict.fromkeys(keys)))
-    current_rows = (
-        rows.take(pa.array(list(found.values()), pa.int64())).to_pylist() if found else []
-    )
-    states: dict[tuple[Any, ...], tuple[dict[str, Any] | None, Version | None]] = {
-        key: ({name: row[name] for name in names}, (row[META_LSN], row[META_SEQ]))
-        for key, row in zip(found, current_rows, strict=True)
-    }
-    deleted: dict[Version, dict[str, Any]] = {}
-    held_keys: set[tuple[Any, ...]] = set()
-    held: list[int] = []
-    for position, (key, record) in enumerate(zip(keys, records, strict=True)):
-        if key in held_keys:
-            held.append(position)
-            continue
-        values, version = states.get(key, (None, None))
-        change_version = (record["lsn"], record["seq"])
-        if version is not None and change_version <= version:
-            stats.stale += 1
-            continue
-        new = dict(record["after"]) if record["op"] != "d" else None
-        toast = [c for c in record["unchanged_toast"] or () if new is not None and c in new]
-        previous = values
-        if toast and previous is None and record["op"] == "c":
-            partner = (change_version[0], change_version[1] - 2)
-            previous = deleted.get(partner) or recent.get(partner)
-            if previous is None and deferrals[position] < MAX_DEFERRALS:
-                held_keys.add(key)
-                held.append(position)
-                continue
-        stats.applied += 1
-        if new is None:
-            stats.deleted += 1
-            if values is not None:
-                deleted[change_version] = values
-            states[key] = (None, change_version)
-            continue
-        for column in toast:
-            if previous is not None:
-                new[column] = previous.get(column)
-                stats.toast_kept += 1
-            else:
-                stats.toast_missing += 1
-        states[key] = (new, change_version)
-
-    written = [
-        {**values, META_LSN: version[0], META_SEQ: version[1]}
-        for values, version in states.values()
-        if values is not None and version is not None
-    ]
-    base = rows
-    if found:
-        mask = [True] * rows.num_rows
-        for index in found.values():
-            mask[index] = False
-        base = rows.filter(pa.array(mask, pa.bool_()))
-    if written:
-        base = pa.concat_tables([base, pa.Table.from_pylist(written, schema=rows.schema)])
-    return base, deleted, held
-
-
-def _apply_keyless(
-    rows: pa.Table, changes: pa.Table, layout: RowLayout, stats: ApplyStats
-) -> pa.Table:
-    names = layout.names
-    records = _change_records(changes)
-    existing = rows.to_pylist()
-    versions = {(r[META_LSN], r[META_SEQ]) for r in existing}
-    live: list[dict[str, Any] | None] = list(existing)
-    for record in records:
-        change_version = (record["lsn"], record["seq"])
-        if record["op"] in ("c", "r"):
-            if change_version in versions:
-                stats.duplicates += 1
-                continue
-            stats.applied += 1
-            versions.add(change_version)
-            live.append(
-                {**record["after"], META_LSN: change_version[0], META_SEQ: change_version[1]}
-            )
-            continue
-        before = record["before"]
-        match = None
-        if before is not None:
-            for index, row in enumerate(live):
-                if row is not None and all(row[n] == before[n] for n in names):
-                    match = index
-                    break
-        if match is None:
-            stats.unmatched += 1
-            continue
-        matched = live[match]
-        assert matched is not None
-        if (matched[META_LSN], matched[META_SEQ]) >= change_version:
-            stats.stale += 1
-            continue
-        stats.applied += 1
-        if record["op"] == "d":
-            stats.deleted += 1
-            live[match] = None
-            continue
-        new = dict(record["after"])
-        for column in record["unchanged_toast"] or ():
-            if column in new:
-                new[column] = matched.get(column)
-                stats.toast_kept += 1
-        live[match] = {**new, META_LSN: change_version[0], META_SEQ: change_version[1]}
-        versions.add(change_version)
-    return pa.Table.from_pylist([r for r in live if r is not None], schema=rows.schema)
-
 
 # ----------------------------------------------------------------------------- store
-
-
-def table_dir_name(schema: str, table: str) -> str:
-    """``<schema>.<table>`` made safe as one directory name (see the module docstring)."""
-
-    def escape(part: str) -> str:
-        part = part.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
-        return "%2E" + part[1:] if part.startswith(".") else part
-
-    return f"{escape(schema)}.{escape(table)}"
-
-
-@dataclass
-class TableState:
-    """What ``state.json`` records of one mirrored table."""
-
-    topic: str
-    schema: str
-    table: str
-    envelope: dict[str, Any]  # the reader schema the rows follow
-    schema_version: Version
-    generation: int = 0
-    truncated_at: Version | None = None
-    high_water: dict[int, Version] = field(default_factory=dict)
-    rows: int = 0
-    pending: int = 0  # changes held back for the next batch
-
-    @property
-    def name(self) -> str:
-        return f"{self.schema}.{self.table}"
-
-    @property
-    def dir_name(self) -> str:
-        return table_dir_name(self.schema, self.table)
-
-    @property
-    def layout(self) -> RowLayout:
-        return RowLayout.from_envelope(self.envelope)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "topic": self.topic,
-            "schema": self.schema,
-            "table": self.table,
-            "envelope": self.envelope,
-            "schema_version": list(self.schema_version),
-            "generation": self.generation,
-            "truncated_at": list(self.truncated_at) if self.truncated_at is not None else None,
-            "high_water": {str(p): list(v) for p, v in sorted(self.high_water.items())},
-            "rows": self.rows,
-            "pending": self.pending,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TableState:
-        truncated = data.get("truncated_at")
-        return cls(
-            topic=data["topic"],
-            schema=data["schema"],
-            table=data["table"],
-            envelope=data["envelope"],
-            schema_version=(int(data["schema_version"][0]), int(data["schema_version"][1])),
-            generation=int(data["generation"]),
-            truncated_at=(int(truncated[0]), int(truncated[1])) if truncated else None,
-            high_water={
-                int(p): (int(v[0]), int(v[1])) for p, v in data.get("high_water", {}).items()
-            },
-            rows=int(data.get("rows", 0)),
-            pending=int(data.get("pending", 0)),
-        )
 
 
 def _fsync_dir(path: Path) -> None:
@@ -760,6 +164,11 @@ class MirrorStore:
             except (OSError, pa.ArrowInvalid) as exc:
                 raise DefiniteError(f"cannot read {path}: {exc}") from exc
         return found[0], found[1]
+
+    def read(self, state: TableState) -> Stored:
+        """Everything stored with ``state``: rows, held-back changes, recent deletes."""
+        pending, recent = self.read_extras(state)
+        return Stored(self.read_rows(state), pending, recent)
 
     def write_generation(
         self,
@@ -903,46 +312,34 @@ class MirrorJob:
 
     def process(self, raw: DataFrame, batch_id: int) -> BatchReport:
         """Decode the batch in one Spark job, then apply it table by table."""
-        from cdcd.spark.decode import PAYLOAD_DDL, decode_payloads, read_payloads
-
         store = self.store
         if batch_id <= store.batch_id:
             return BatchReport(batch_id, 0, {}, skipped=True)
         # Executors get the catalog with every schema published so far.
         self.catalog.refresh()
+        schema_of = self.catalog.schema
         payloads = raw.mapInArrow(
-            partial(decode_payloads, catalog=self.catalog), PAYLOAD_DDL
+            partial(decode_payloads, schema_of=schema_of), PAYLOAD_DDL
         ).toArrow()
+        return self.apply(batch_id, read_payloads(payloads, schema_of))
+
+    def apply(self, batch_id: int, decoded: Mapping[str, Sequence[NativeChanges]]) -> BatchReport:
+        """Apply a decoded batch (by topic) table by table, then commit it: no Spark here."""
+        store = self.store
+        schema_of = self.catalog.schema
         updated: dict[str, TableState] = {}
         stats: dict[str, ApplyStats] = {}
         changes_total = 0
-        for topic, natives in sorted(read_payloads(payloads, self.catalog).items()):
+        for topic, natives in sorted(decoded.items()):
+            if not any(n.changes.num_rows for n in natives):
+                continue
             previous = store.tables.get(topic)
-            state, changes = self._reader_changes(topic, natives)
-            changes_total += changes.num_rows
-            layout = state.layout
-            rows = evolve(
-                store.read_rows(state),
-                layout,
-                state.name,
-                previous.layout if previous is not None else None,
+            state, changes, dropped = reader_changes(topic, previous, natives, schema_of)
+            changes_total += changes.num_rows + dropped
+            stored = store.read(previous) if previous is not None else Stored.empty(state.layout)
+            state, result = apply_batch(
+                state, previous.layout if previous is not None else None, stored, changes, dropped
             )
-            pending, recent = store.read_extras(state)
-            if pending is not None and previous is not None and previous.layout != layout:
-                deferrals = pending.column(DEFERRALS)
-                pending = to_reader(
-                    pending.drop_columns([DEFERRALS]), previous.layout, layout, topic
-                ).append_column(DEFERRALS, deferrals)
-            result = apply_changes(
-                rows,
-                changes,
-                layout,
-                truncated_at=state.truncated_at,
-                high_water=state.high_water,
-                pending=pending,
-                recent_deletes=recent,
-            )
-            state = replace(state, truncated_at=result.truncated_at, high_water=result.high_water)
             updated[topic] = store.write_generation(
                 state, result.rows, result.pending, result.recent_deletes
             )
@@ -952,15 +349,8 @@ class MirrorJob:
         for topic, state in sorted(store.tables.items()):
             if topic in updated or not state.pending:
                 continue
-            pending, recent = store.read_extras(state)
-            result = apply_changes(
-                store.read_rows(state),
-                changes_arrow_schema(state.layout).empty_table(),
-                state.layout,
-                truncated_at=state.truncated_at,
-                high_water=state.high_water,
-                pending=pending,
-                recent_deletes=recent,
+            state, result = apply_batch(
+                state, None, store.read(state), changes_arrow_schema(state.layout).empty_table()
             )
             updated[topic] = store.write_generation(
                 state, result.rows, result.pending, result.recent_deletes
@@ -968,31 +358,3 @@ class MirrorJob:
             stats[state.name] = result.stats
         store.commit(batch_id, updated)
         return BatchReport(batch_id, changes_total, stats)
-
-    def _reader_changes(
-        self, topic: str, natives: list[NativeChanges]
-    ) -> tuple[TableState, pa.Table]:
-        """The table's state with its newest schema, and the batch's changes in that layout.
-
-        Newest: the writer schema of the change with the highest (lsn, seq),
-        in this batch or applied before (a replay may bring older schemas).
-        """
-        existing = self.store.tables.get(topic)
-        candidates = [(newest_version(n.changes), n.header) for n in natives if n.changes.num_rows]
-        version, header = max(candidates)
-        envelope = self.catalog.schema(header)
-        if existing is not None and existing.schema_version > version:
-            envelope, version = existing.envelope, existing.schema_version
-        if existing is None:
-            first = natives[0].changes.slice(0, 1).to_pylist()[0]
-            existing = TableState(
-                topic=topic,
-                schema=first["source_schema"],
-                table=first["source_table"],
-                envelope=dict(envelope),
-                schema_version=version,
-            )
-        state = replace(existing, envelope=dict(envelope), schema_version=version)
-        reader = state.layout
-        changes = pa.concat_tables([to_reader(n.changes, n.layout, reader, topic) for n in natives])
-        return state, changes

@@ -37,10 +37,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from cdcd.config.kafka_client import admin_config
 from cdcd.config.model import CdcdConfig, load_config
+from cdcd.consumer import SchemaCatalog
 from cdcd.errors import ConfigError, DefiniteError
 from cdcd.naming import split_table, table_topic, table_topic_pattern
-from cdcd.sink.topics import admin_config
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +54,7 @@ __all__ = [
     "read_changes",
     "read_raw",
     "register_source",
+    "schema_catalog",
     "table_topic_pattern",
 ]
 
@@ -173,6 +175,21 @@ def kafka_options(
     return options
 
 
+def schema_catalog(config: CdcdConfig, options: Mapping[str, str]) -> SchemaCatalog:
+    """The writer schemas of ``config``'s topics, read with the connection of source ``options``."""
+    from cdcd.spark.source import KafkaOptions
+
+    kafka = KafkaOptions.from_options(options)
+    return SchemaCatalog(
+        config.kafka.topic_prefix,
+        bootstrap_servers=kafka.bootstrap_servers,
+        client_config=kafka.client_config,
+        timeout_s=kafka.probe_timeout_s,
+        registry_url=config.schema_registry.url,
+        registry_config=config.schema_registry.config,
+    )
+
+
 def read_changes(
     spark: SparkSession,
     config: CdcdConfig | str | os.PathLike[str],
@@ -184,21 +201,23 @@ def read_changes(
 ) -> DataFrame:
     """The decoded change stream of one captured table (``schema.table``).
 
-    Columns: see :mod:`cdcd.spark.decode`. Batch reads cover the topic from
-    ``startingOffsets`` (default earliest) to ``endingOffsets`` (default: the
-    probed end); streaming reads start at ``startingOffsets`` (default
-    earliest) and follow the topic. ``options`` adds or overrides source
-    options.
+    Columns: see :mod:`cdcd.spark.decode`; records written with older
+    schemas are resolved to the reader schema as :mod:`cdcd.spark.layout`
+    says (defaults fill added columns, aliases follow renames). Batch reads
+    cover the topic from ``startingOffsets`` (default earliest) to
+    ``endingOffsets`` (default: the probed end); streaming reads start at
+    ``startingOffsets`` (default earliest) and follow the topic. ``options``
+    adds or overrides source options.
     """
-    from cdcd.spark.decode import DecodePlan, SchemaCatalog, decode_changes, header_summary
-    from cdcd.spark.source import KafkaOptions
+    from cdcd.spark.dataframes import decode_changes, header_summary
+    from cdcd.spark.decode import DecodePlan
 
     if not isinstance(config, CdcdConfig):
         config = load_config(Path(config))
     schema, name = split_table(table, default_schema="public")
     topic = table_topic(config.kafka.topic_prefix, schema, name)
     opts = kafka_options(config, topics=[topic], extra=options)
-    catalog = SchemaCatalog.from_config(config, KafkaOptions.from_options(opts))
+    catalog = schema_catalog(config, opts)
     raw = read_raw(spark, opts, streaming=streaming, source=source)
     if streaming:
         latest = catalog.latest(topic)
@@ -207,7 +226,10 @@ def read_changes(
                 f"no schema of {schema}.{name} (topic {topic}) has been published yet",
                 hint="start the query after the table's first change, or read in batch",
             )
-        plan = DecodePlan.build(topic, latest[1], catalog.known(topic), catalog)
+        # Executors re-read _schemas per task: the query outlives this plan.
+        plan = DecodePlan.build(
+            topic, latest[1], catalog.known(topic), catalog.schema, catalog.refresh
+        )
     else:
         uses = [use for use in header_summary(raw) if use.topic == topic]
         if not uses:
@@ -219,5 +241,5 @@ def read_changes(
         else:
             writers = {use.header: catalog.schema(use.header) for use in uses}
             reader = writers[max(uses, key=lambda use: use.version).header]
-        plan = DecodePlan.build(topic, reader, writers, catalog)
+        plan = DecodePlan.build(topic, reader, writers, catalog.schema)
     return decode_changes(raw, plan)

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa
 from spark.envelopes import Col, EnvelopeFactory, kafka_batch, numeric, table_version
 
-from cdcd.spark.decode import DecodePlan, SchemaCatalog, decode_batch, decode_native
+from cdcd.consumer import SchemaCatalog
+from cdcd.spark.decode import DecodePlan, decode_batch, decode_native
 
 ORDERS = [
     Col("id", 20, key=True),
@@ -82,7 +83,7 @@ def make_batches(rows: int) -> tuple[list[pa.RecordBatch], DecodePlan, SchemaCat
     envelopes = {}
     for key, text in factory.published.items():
         schema = json.loads(text)
-        catalog._schemas[b"\xc3\x01" + bytes.fromhex(key)] = schema
+        catalog.add(b"\xc3\x01" + bytes.fromhex(key), schema)
         if schema["name"] == "Envelope":
             envelopes[b"\xc3\x01" + bytes.fromhex(key)] = schema
     reader = next(iter(envelopes.values()))
@@ -110,7 +111,7 @@ def bench_local(
 
 def bench_spark(batches: list[pa.RecordBatch], plan: DecodePlan, repeats: int) -> None:
     from cdcd.spark.cli import build_session
-    from cdcd.spark.decode import decode_changes
+    from cdcd.spark.dataframes import decode_changes
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = build_session(

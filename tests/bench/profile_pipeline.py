@@ -103,12 +103,12 @@ def main() -> None:
             argv.append("--nonblocking")
         if args.idle:
             argv.append("--idle")
-        with bench._session(config, Metrics(process_collectors=False)) as session:
-            while not session.state.streaming:
-                time.sleep(0.005)
+        with bench._session(config, Metrics(process_collectors=False)) as running:
             spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             started = time.monotonic()
-            bench._wait_confirmed(conn, bench.CDCD_SLOT, end_lsn, timeout_s=1800)
+            bench._wait_confirmed(
+                conn, bench.CDCD_SLOT, end_lsn, timeout_s=1800, check=running.check
+            )
             elapsed = time.monotonic() - started
             spy.send_signal(signal.SIGINT)
             _, err = spy.communicate(timeout=60)

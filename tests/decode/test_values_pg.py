@@ -3,8 +3,7 @@
 For every SPEC §5 type, and arrays of each, a table gets one column per type;
 rows hold representative and edge values (NULL, infinity, NaN, unicode,
 empty arrays, large numerics ...). The pgoutput Insert payloads are read from
-a slot in text mode (with several session time zones) and in binary mode,
-run through the codecs and decoded with plain fastavro. The expected values
+a slot (with several session time zones), run through the codecs and decoded with plain fastavro. The expected values
 are computed independently by PostgreSQL itself in a normal SELECT:
 ``col::text`` for string-mapped types, ``extract(epoch ...)`` for dates and
 times, ``encode(col, 'hex')`` for bytea, and so on.
@@ -37,7 +36,7 @@ from cdcd.decode.values import (
     column_codec,
 )
 from cdcd.protocol import PgOutputDecoder
-from cdcd.protocol.messages import KIND_BINARY, KIND_NULL, KIND_TEXT, Insert, Relation
+from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, Insert, Relation
 from cdcd.source.catalog import PgCatalog, column_dimensions
 
 pytestmark = pytest.mark.integration
@@ -103,7 +102,6 @@ class Spec:
     sql_type: str
     values: tuple[str, ...]
     expect: str = "text"
-    binary_exact: bool = True
     array: bool = True
 
 
@@ -335,7 +333,7 @@ SPECS: tuple[Spec, ...] = (
             "''::tsvector",
         ),
     ),
-    Spec("tsq", "tsquery", ("'fat & (rat | !cat)'",), binary_exact=False),
+    Spec("tsq", "tsquery", ("'fat & (rat | !cat)'",)),
     Spec("i4r", "int4range", ("'[1,5)'", "'empty'", "'(,)'", "'[3,)'")),
     Spec("i8r", "int8range", ("'[1,9223372036854775806]'",)),
     Spec("nr", "numrange", ("'(1.5,2.50]'", "'(,0)'")),
@@ -361,8 +359,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("i2v", "int2vector", ("'1 -2 3'", "''"), array=False),
     Spec("oidv", "oidvector", ("'1 4294967295'",), array=False),
     Spec("rc", "refcursor", ("'cursor name'",)),
-    Spec("fr", "floatrange", ("'[1.5,2.5)'",), binary_exact=False),
-    Spec("rcl", "regclass", ("'pg_class'",), binary_exact=False),
+    Spec("fr", "floatrange", ("'[1.5,2.5)'",)),
+    Spec("rcl", "regclass", ("'pg_class'",)),
 )
 
 #: 2-D columns (declared ``type[][]``): only 2-D, empty and NULL values.
@@ -396,19 +394,16 @@ class Column:
     sql_type: str
     expect: str
     array: bool
-    binary_exact: bool
 
 
 def _columns() -> list[Column]:
     columns: list[Column] = []
     for spec in SPECS:
-        columns.append(Column(spec.name, spec.sql_type, spec.expect, False, spec.binary_exact))
+        columns.append(Column(spec.name, spec.sql_type, spec.expect, False))
         if spec.array:
-            columns.append(
-                Column(f"{spec.name}_arr", spec.sql_type, spec.expect, True, spec.binary_exact)
-            )
+            columns.append(Column(f"{spec.name}_arr", spec.sql_type, spec.expect, True))
     for name, sql_type, _values, expect in SPECS_2D:
-        columns.append(Column(name, sql_type, expect, True, True))
+        columns.append(Column(name, sql_type, expect, True))
     return columns
 
 
@@ -534,9 +529,9 @@ def _decode(codec: ColumnCodec, data: bytes) -> Any:
     return fastavro.schemaless_reader(io.BytesIO(data), schema, None)
 
 
-def _read_inserts(db: PgDatabase, binary: bool, timezone: str) -> tuple[Relation, list[Insert]]:
+def _read_inserts(db: PgDatabase, timezone: str) -> tuple[Relation, list[Insert]]:
     dsn = db.dsn_with(options=f"{SESSION} -c timezone={timezone}")
-    payloads = read_pgoutput(dsn, "slot", "pub", binary=binary)
+    payloads = read_pgoutput(dsn, "slot", "pub")
     decoder = PgOutputDecoder(1)
     relation: Relation | None = None
     inserts: list[Insert] = []
@@ -550,68 +545,49 @@ def _read_inserts(db: PgDatabase, binary: bool, timezone: str) -> tuple[Relation
     return relation, inserts
 
 
-def _check(db: PgDatabase, binary: bool, timezone: str) -> None:
-    relation, inserts = _read_inserts(db, binary, timezone)
+def _check(db: PgDatabase, timezone: str) -> None:
+    relation, inserts = _read_inserts(db, timezone)
     expected = _expected(db, timezone)
     conn = db.connect()
     catalog = PgCatalog(conn)
     dims = column_dimensions(conn, relation.relation_id)
-    columns = {c.name: c for c in _columns()}
     codecs = [
         column_codec(c.type_oid, c.type_modifier, catalog, dims.get(c.name, 0))
         for c in relation.columns
     ]
     assert len(inserts) == len(expected)
     failures: list[str] = []
-    kinds_seen: set[tuple[str, int]] = set()
-    refused: set[str] = set()
     for insert in inserts:
         assert insert.new.values[0] is not None
-        row_id = _decode(
-            codecs[0],
-            (codecs[0].from_binary if binary else codecs[0].from_text)(insert.new.values[0]),
-        )
+        row_id = _decode(codecs[0], codecs[0].from_text(insert.new.values[0]))
         want_row = expected[row_id]
         for index, column in enumerate(relation.columns[1:], start=1):
             kind = insert.new.kinds[index]
             raw = insert.new.values[index]
             want = want_row[column.name]
             codec = codecs[index]
-            kinds_seen.add((column.name, kind))
             if kind == KIND_NULL:
                 if want is not None:
                     failures.append(f"row {row_id} {column.name}: NULL sent, expected {want!r}")
                 continue
             assert raw is not None
-            encode = codec.from_binary if kind == KIND_BINARY else codec.from_text
-            assert kind in (KIND_BINARY, KIND_TEXT)
+            assert kind == KIND_TEXT
             try:
-                got = _decode(codec, encode(raw))
+                got = _decode(codec, codec.from_text(raw))
             except ValueError as exc:
-                if kind == KIND_BINARY and not columns[column.name].binary_exact:
-                    assert "binary=false" in str(exc)
-                    refused.add(column.name)
-                else:
-                    failures.append(f"row {row_id} {column.name}: {raw[:80]!r} raised {exc}")
+                failures.append(f"row {row_id} {column.name}: {raw[:80]!r} raised {exc}")
                 continue
             if not _same(got, want):
                 failures.append(
                     f"row {row_id} {column.name}: {raw[:80]!r} -> {_short(got)}, "
                     f"expected {_short(want)}"
                 )
-            if kind == KIND_TEXT:
-                python = codec.to_python(raw)
-                if not _same(python, want):
-                    failures.append(
-                        f"row {row_id} {column.name}: to_python {_short(python)} != {_short(want)}"
-                    )
+            python = codec.to_python(raw)
+            if not _same(python, want):
+                failures.append(
+                    f"row {row_id} {column.name}: to_python {_short(python)} != {_short(want)}"
+                )
     assert not failures, "\n".join(failures)
-    if binary:
-        # pgoutput sends every one of these types in binary when asked to.
-        text_columns = sorted({name for name, kind in kinds_seen if kind == KIND_TEXT})
-        assert text_columns == [], text_columns
-        inexact = {c.name for c in columns.values() if not c.binary_exact}
-        assert refused == inexact
 
 
 @pytest.fixture
@@ -624,11 +600,7 @@ def typed_table(pg: PgDatabase) -> PgDatabase:
     "timezone", ["UTC", "Asia/Kolkata", "Europe/Amsterdam", "America/St_Johns"]
 )
 def test_text_mode(typed_table: PgDatabase, timezone: str) -> None:
-    _check(typed_table, binary=False, timezone=timezone)
-
-
-def test_binary_mode(typed_table: PgDatabase) -> None:
-    _check(typed_table, binary=True, timezone="UTC")
+    _check(typed_table, timezone=timezone)
 
 
 def test_unrepresentable_values_raise(pg: PgDatabase) -> None:
@@ -642,25 +614,19 @@ def test_unrepresentable_values_raise(pg: PgDatabase) -> None:
     create_slot(conn, "slot")
     pg.execute("INSERT INTO bad VALUES (1, 'NaN', '{{1,2},{3,4}}'), (2, NULL, '[0:0][1:1]={{5}}')")
     catalog = PgCatalog(conn)
-    for binary in (False, True):
-        relation, inserts = _read_inserts(pg, binary, "UTC")
-        dims = column_dimensions(conn, relation.relation_id)
-        codecs = [
-            column_codec(c.type_oid, c.type_modifier, catalog, dims[c.name])
-            for c in relation.columns
-        ]
-        assert len(inserts) == 2
-        for insert in inserts:
-            for index in (1, 2):
-                raw = insert.new.values[index]
-                if raw is None:
-                    continue
-                codec = codecs[index]
-                encode = (
-                    codec.from_binary if insert.new.kinds[index] == KIND_BINARY else codec.from_text
-                )
-                with pytest.raises(ValueError):
-                    encode(raw)
+    relation, inserts = _read_inserts(pg, "UTC")
+    dims = column_dimensions(conn, relation.relation_id)
+    codecs = [
+        column_codec(c.type_oid, c.type_modifier, catalog, dims[c.name]) for c in relation.columns
+    ]
+    assert len(inserts) == 2
+    for insert in inserts:
+        for index in (1, 2):
+            raw = insert.new.values[index]
+            if raw is None:
+                continue
+            with pytest.raises(ValueError):
+                codecs[index].from_text(raw)
 
 
 def test_catalog_types(pg: PgDatabase) -> None:

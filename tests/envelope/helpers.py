@@ -109,6 +109,13 @@ class Harness:
                 # What the publisher sends: the key joined from the row's own
                 # key columns must equal the key encoder's.
                 assert change == (key, value), (change, key, value)
+                # And the compiled encoder (where built) sends the same bytes.
+                before = None if isinstance(message, Insert) else message.old
+                after = None if isinstance(message, Delete) else message.new
+                op = OP_CREATE if isinstance(message, Insert) else OP_UPDATE if isinstance(
+                    message, Update
+                ) else OP_DELETE
+                assert encoder.encode_change(op, before, after, stamp, seq) == change
                 seq += 1
                 decoded = self.read(value) or {}
                 out.append(

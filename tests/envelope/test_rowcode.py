@@ -16,8 +16,14 @@ from hypothesis import strategies as st
 
 from cdcd.avro.binary import NULL_BRANCH, VALUE_BRANCH, encode_long
 from cdcd.decode.values import bool_from_text, encode_text_value, int_from_text
-from cdcd.envelope.rowcode import compile_row_encoder
-from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, TupleData
+from cdcd.envelope.rowcode import BinaryValueRefused, compile_key_encoder, compile_row_encoder
+from cdcd.protocol.messages import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED_TOAST,
+    TupleData,
+)
 
 KEY_HEADER = b"\xc3\x01" + bytes(8)
 
@@ -49,7 +55,7 @@ def _encoder(converters: list, keyed: list[bool]):  # type: ignore[no-untyped-de
     names = [f"c{i}" for i in range(len(converters))]
     branches = [b"" if k else VALUE_BRANCH for k in keyed]
     key_indexes = [i for i, k in enumerate(keyed) if k]
-    return compile_row_encoder(names, converters, converters, branches, KEY_HEADER, key_indexes)
+    return compile_row_encoder(names, converters, branches, KEY_HEADER, key_indexes)
 
 
 @given(
@@ -91,5 +97,22 @@ def test_inlined_converters_reject_what_the_converters_reject(convert, value: by
 
 
 def test_a_table_without_key_columns_has_no_key() -> None:
-    encode = compile_row_encoder(["a"], [encode_text_value], [encode_text_value], [VALUE_BRANCH])
+    encode = compile_row_encoder(["a"], [encode_text_value], [VALUE_BRANCH])
     assert encode(TupleData(bytes([KIND_TEXT]), (b"v",)), None) == (VALUE_BRANCH + b"\x02v", None, None)
+
+
+def test_binary_values_are_refused() -> None:
+    """A 'b' value (cdcd never asks for binary) is an error, not something to convert."""
+    converters = [int_from_text, encode_text_value]
+    encode = _encoder(converters, [True, False])
+    binary = TupleData(bytes([KIND_TEXT, KIND_BINARY]), (b"1", b"\x00\x00\x00\x01"))
+    with pytest.raises(BinaryValueRefused, match=r"^c1: value sent in binary format \('b'\)"):
+        encode(binary, None)
+    # Nor is an unchanged TOAST value filled from a binary old image.
+    unchanged = TupleData(bytes([KIND_TEXT, KIND_UNCHANGED_TOAST]), (b"1", None))
+    with pytest.raises(BinaryValueRefused, match=r"^c1: "):
+        encode(unchanged, binary)
+    key = compile_key_encoder(KEY_HEADER, [0], ["id"], converters)
+    assert key(TupleData(bytes([KIND_TEXT]), (b"1",))) == KEY_HEADER + encode_long(1)
+    with pytest.raises(BinaryValueRefused, match=r"^key column id: value sent in binary"):
+        key(TupleData(bytes([KIND_BINARY]), (b"\x00\x00\x00\x01",)))

@@ -6,7 +6,8 @@ fires on any increase, so the counter must move on each kind of failure:
 - a failed delivery report, seen through the running daemon: the broker is
   frozen so a message times out (``message.timeout.ms``), the session fails
   with a transient error and the daemon reconnects, keeping /metrics up, so
-  the test reads the counter from the live process, then lets it recover;
+  the test reads the counter from the live process (and the reconnect's
+  ``reason``, ``delivery``), then lets it recover;
 - a ``produce()`` that librdkafka refuses at once (larger than the producer's
   ``message.max.bytes``; tansu enforces no broker-side limit, INFRA.md), with
   a real producer. Such an error is definite: the daemon exits 3 right after,
@@ -55,19 +56,22 @@ def _errors(metrics: Metrics, topic: str) -> float | None:
 class _Scrape:
     errors: dict[str, float]  # cdcd_delivery_errors_total by topic
     confirmed: float  # cdcd_confirmed_lsn_bytes
+    reconnects: dict[str, float]  # cdcd_reconnects_total by reason
 
 
 def _scrape(base_url: str) -> _Scrape:
     """What the daemon's /metrics says now."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
         body = response.read().decode()
-    scrape = _Scrape({}, 0.0)
+    scrape = _Scrape({}, 0.0, {})
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
             if sample.name == "cdcd_delivery_errors_total":
                 scrape.errors[sample.labels["topic"]] = sample.value
             elif sample.name == "cdcd_confirmed_lsn_bytes":
                 scrape.confirmed = sample.value
+            elif sample.name == "cdcd_reconnects_total":
+                scrape.reconnects[sample.labels["reason"]] = sample.value
     return scrape
 
 
@@ -99,7 +103,7 @@ def test_failed_delivery_report_is_counted_on_the_running_daemon(
         try:
             return _scrape(base_url)
         except OSError:
-            return _Scrape({}, 0.0)  # not listening yet
+            return _Scrape({}, 0.0, {})  # not listening yet
 
     def confirmed_past(lsn: int) -> bool:
         return scrape().confirmed >= lsn
@@ -136,6 +140,13 @@ def test_failed_delivery_report_is_counted_on_the_running_daemon(
         assert counted[topic] >= 1
         assert counted[f"{pg.dbname}._schemas"] == 0  # other topics' series stay at 0
         assert "_MSG_TIMED_OUT" in daemon.log()
+        # The session that failed on it is restarted as a delivery failure.
+        wait_for(
+            lambda: scrape().reconnects.get("delivery", 0.0) >= 1,
+            timeout_s=60,
+            what='cdcd_reconnects_total{reason="delivery"} >= 1',
+        )
+        assert scrape().reconnects["other"] == 0, daemon.log()[-3000:]
 
         # It recovers: the row is delivered after the reconnect.
         target = current_wal_lsn(conn)

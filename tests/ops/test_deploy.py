@@ -454,6 +454,9 @@ def test_rules_schema_and_metric_names() -> None:
         "CdcdDown",
         "CdcdNotStreaming",
         "CdcdReconnectStorm",
+        "CdcdUnitFailed",
+        "CdcdCrashLooping",
+        "CdcdSlotAtRisk",
     } <= alerts.keys()
     assert "1073741824" in alerts["CdcdSlotLagHigh"]["expr"]
     assert alerts["CdcdSlotLagHigh"]["for"] == "10m"
@@ -524,10 +527,10 @@ tests:
       - eval_time: 10m
         alertname: CdcdDeliveryErrors
         exp_alerts:
-          - exp_labels: {{severity: critical, job: cdcd, instance: a, topic: pg.public.t}}
+          - exp_labels: {{severity: warning, job: cdcd, instance: a, topic: pg.public.t}}
             exp_annotations:
               summary: "Kafka delivery errors on topic pg.public.t"
-              description: "About 1 messages for pg.public.t failed delivery in the last 10 minutes; cdcd stops and restarts from the last confirmed LSN."
+              description: "About 1 messages for pg.public.t failed delivery in the last 10 minutes; cdcd reconnected and replays them from the last confirmed LSN (nothing is lost). The log names the error."
       - eval_time: 25m
         alertname: CdcdReconnectStorm
         exp_alerts:
@@ -570,6 +573,93 @@ tests:
     alert_rule_test:
       - eval_time: 25m
         alertname: CdcdNotStreaming
+        exp_alerts: []
+  # Slot at risk: a retains 90 % of a 1 GiB max_slot_wal_keep_size; b 10 %;
+  # c much more but without a limit (-1); d is unreserved (the server's word).
+  - interval: 1m
+    input_series:
+      - series: 'cdcd_slot_retained_wal_bytes{{job="cdcd", instance="a"}}'
+        values: '966367641x10'
+      - series: 'cdcd_slot_wal_keep_size_bytes{{job="cdcd", instance="a"}}'
+        values: '1073741824x10'
+      - series: 'cdcd_slot_retained_wal_bytes{{job="cdcd", instance="b"}}'
+        values: '107374182x10'
+      - series: 'cdcd_slot_wal_keep_size_bytes{{job="cdcd", instance="b"}}'
+        values: '1073741824x10'
+      - series: 'cdcd_slot_retained_wal_bytes{{job="cdcd", instance="c"}}'
+        values: '53687091200x10'
+      - series: 'cdcd_slot_wal_keep_size_bytes{{job="cdcd", instance="c"}}'
+        values: '-1x10'
+      - series: 'cdcd_slot_wal_status{{job="cdcd", instance="d", status="reserved"}}'
+        values: '1 1 1 0 0 0 0 0 0 0'
+      - series: 'cdcd_slot_wal_status{{job="cdcd", instance="d", status="unreserved"}}'
+        values: '0 0 0 1 1 1 1 1 1 1'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: CdcdSlotAtRisk
+        exp_alerts: []
+      - eval_time: 3m
+        alertname: CdcdSlotAtRisk
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: cdcd, instance: a}}
+            exp_annotations: &at_risk_a
+              summary: "cdcd's replication slot on a is about to be invalidated"
+              description: "The slot retains more than 80 % of max_slot_wal_keep_size on the primary, or the server already reports it unreserved. Past the limit PostgreSQL invalidates it at the next checkpoint; cdcd then stops (exit 3) and needs `cdcd resync`, a re-snapshot of every table. Find why cdcd lags (slot lag, delivery latency, the broker) or raise max_slot_wal_keep_size now."
+      - eval_time: 6m
+        alertname: CdcdSlotAtRisk
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: cdcd, instance: a}}
+            exp_annotations: *at_risk_a
+          - exp_labels: {{severity: critical, job: cdcd, instance: d}}
+            exp_annotations:
+              summary: "cdcd's replication slot on d is about to be invalidated"
+              description: "The slot retains more than 80 % of max_slot_wal_keep_size on the primary, or the server already reports it unreserved. Past the limit PostgreSQL invalidates it at the next checkpoint; cdcd then stops (exit 3) and needs `cdcd resync`, a re-snapshot of every table. Find why cdcd lags (slot lag, delivery latency, the broker) or raise max_slot_wal_keep_size now."
+  # A definite error under systemd: exit 3, RestartPreventExitStatus keeps the
+  # unit failed; cdcd itself is no longer there to be scraped.
+  - interval: 1m
+    input_series:
+      - series: 'node_systemd_unit_state{{job="node", instance="host1", name="cdcd.service", state="failed", type="notify"}}'
+        values: '0 0 0 1 1 1 1 1'
+      - series: 'node_systemd_unit_state{{job="node", instance="host1", name="other.service", state="failed", type="simple"}}'
+        values: '1x8'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: CdcdUnitFailed
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: CdcdUnitFailed
+        exp_alerts:
+          - exp_labels: {{severity: critical, instance: host1, name: cdcd.service}}
+            exp_annotations:
+              summary: "cdcd.service on host1 has failed and will not restart"
+              description: "systemd stopped restarting cdcd: exit code 2 (configuration) or 3 (definite error: a message Kafka refuses, slot lost, credentials refused), or too many failed starts. `systemctl status cdcd` shows the code, its last journal line the cause and what to change."
+  # A definite error under Kubernetes: the container exits 3 at every restart
+  # and is waiting in CrashLoopBackOff between them (kube-state-metrics only
+  # exports the waiting reason while it is the current one); at 20m the
+  # operator fixes the cause and it runs, keeping 3 as its last exit code.
+  - interval: 1m
+    input_series:
+      - series: 'kube_pod_container_status_last_terminated_exitcode{{job="ksm", namespace="cdc", pod="cdcd-1", container="cdcd", uid="u1"}}'
+        values: '3x40'
+      - series: 'kube_pod_container_status_waiting_reason{{job="ksm", namespace="cdc", pod="cdcd-1", container="cdcd", uid="u1", reason="CrashLoopBackOff"}}'
+        values: '_ 1 1 _ 1 1 _ 1 1 1 _ 1 1 1 _ 1 1 1 1 _'
+      - series: 'kube_pod_container_status_last_terminated_exitcode{{job="ksm", namespace="cdc", pod="web-1", container="web", uid="u2"}}'
+        values: '3x40'
+      - series: 'kube_pod_container_status_waiting_reason{{job="ksm", namespace="cdc", pod="web-1", container="web", uid="u2", reason="CrashLoopBackOff"}}'
+        values: '1x40'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: CdcdCrashLooping
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: CdcdCrashLooping
+        exp_alerts:
+          - exp_labels: {{severity: critical, namespace: cdc, pod: cdcd-1, container: cdcd}}
+            exp_annotations:
+              summary: "cdcd pod cdc/cdcd-1 keeps exiting with code 3"
+              description: "Exit code 3: 3 is a definite error (a message Kafka refuses, slot lost, credentials refused), 2 a configuration error; neither goes away by restarting. 1 is a server unreachable at startup, 137 a kill (out of memory?). `kubectl describe pod` shows the last log line, which names the cause."
+      - eval_time: 35m
+        alertname: CdcdCrashLooping
         exp_alerts: []
 """
 
@@ -647,6 +737,7 @@ def test_operations_doc_documents_every_metric() -> None:
     metrics.table("public.t")
     metrics.delivery_errors_for("pg.public.t")
     metrics.reconnects.labels("postgres")
+    metrics.schema_change("public.t", "recreate")
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         assert name in rows, f"{name} is not in the metrics table of docs/operations.md"

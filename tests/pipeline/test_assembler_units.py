@@ -36,13 +36,13 @@ from cdcd.decode.relations import RelationCache, TableVersion
 from cdcd.decode.types import BUILTIN_TYPES, PgType, StaticCatalog
 from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.envelope.wire import SingleObjectFormat
+from cdcd.errors import EncodeError
 from cdcd.pipeline.publisher import Publisher
 from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol import Lsn, PgOutputDecoder
 from cdcd.protocol.messages import (
     IDENTITY_FULL,
     IDENTITY_NOTHING,
-    KIND_BINARY,
     Begin,
     BeginPrepare,
     Commit,
@@ -68,7 +68,8 @@ from tests.protocol.test_golden import SCENARIOS, Golden, golden
 from tests.support.fault_sink import FakeMessage, FaultSink
 
 START = Lsn(0)
-INT4, INT8 = 23, 20
+#: The captures cdcd publishes: all but ``binary``, whose values cdcd never asks for.
+PUBLISHED = [name for name in SCENARIOS if name != "binary"]
 #: Captures whose transactions are buffered (streamed or prepared) before publication.
 BUFFERED = ("stream", "stream_prepare", "two_phase")
 
@@ -154,16 +155,8 @@ def expected_transactions(messages: tuple[Message, ...]) -> list[Txn]:
 Signature = tuple[str, str | None, str | None]
 
 
-def _first_value(relation: Relation, image: TupleData) -> str | None:
-    for column, kind, value in zip(relation.columns, image.kinds, image.values, strict=True):
-        if value is None:
-            continue
-        if kind == KIND_BINARY:
-            if column.type_oid in (INT4, INT8):
-                return str(int.from_bytes(value, "big", signed=True))
-            return None  # compared loosely: the binary capture has an integer key first
-        return value.decode("utf-8")
-    return None
+def _first_value(image: TupleData) -> str | None:
+    return next((value.decode("utf-8") for value in image.values if value is not None), None)
 
 
 def expected_signatures(txn: Txn, relations: dict[int, Relation]) -> list[Signature]:
@@ -184,7 +177,7 @@ def expected_signatures(txn: Txn, relations: dict[int, Relation]) -> list[Signat
             c.is_key for c in relation.columns
         )
         if isinstance(m, Insert):
-            out.append((topic, "c", _first_value(relation, m.new)))
+            out.append((topic, "c", _first_value(m.new)))
         elif isinstance(m, Update):
             keys = [i for i, c in enumerate(relation.columns) if c.is_key]
             if (
@@ -192,14 +185,14 @@ def expected_signatures(txn: Txn, relations: dict[int, Relation]) -> list[Signat
                 and m.old is not None
                 and any(m.old.values[i] != m.new.values[i] for i in keys)
             ):
-                out.append((topic, "d", _first_value(relation, m.old)))
+                out.append((topic, "d", _first_value(m.old)))
                 out.append((topic, None, None))
-                out.append((topic, "c", _first_value(relation, m.new)))
+                out.append((topic, "c", _first_value(m.new)))
             else:
-                out.append((topic, "u", _first_value(relation, m.new)))
+                out.append((topic, "u", _first_value(m.new)))
         else:
             assert m.old is not None
-            out.append((topic, "d", _first_value(relation, m.old)))
+            out.append((topic, "d", _first_value(m.old)))
             if keyed:
                 out.append((topic, None, None))
     return out
@@ -304,8 +297,6 @@ class Rig:
             return (m.topic(), "message", record["prefix"])
         image = record["after"] if record["op"] in ("c", "u") else record["before"]
         first = next((v for v in (image or {}).values() if v is not None), None)
-        if isinstance(first, bytes | dict):  # binary capture: only the integer key is compared
-            first = None
         return (m.topic(), record["op"], None if first is None else str(first))
 
     def expected(self) -> list[Txn]:
@@ -339,7 +330,7 @@ def split_by_transaction(rig: Rig, txns: list[Txn]) -> list[list[FakeMessage]]:
 
 
 @pytest.mark.parametrize("spill", [False, True], ids=["memory", "spilled"])
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", PUBLISHED)
 def test_capture_publishes_committed_transactions_in_order(
     name: str, spill: bool, tmp_path: Path
 ) -> None:
@@ -465,7 +456,7 @@ def _transaction_of_each_message(name: str) -> tuple[list[Txn], list[int]]:
     return txns, [index[headers(m)[0]] for m in rig.sink.produced]
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", PUBLISHED)
 def test_confirmation_stops_before_a_failed_delivery(name: str) -> None:
     """Fail each produced message in turn: confirmed stays at the transaction before it."""
     txns, owner = _transaction_of_each_message(name)
@@ -569,23 +560,24 @@ def test_watch_reports_truncate_as_none() -> None:
 
 
 def test_watched_keys_are_the_keys_snapshot_rows_are_skipped_by() -> None:
-    """Binary pgoutput values give the same key bytes as the text rows a chunk read returns."""
-    rig = Rig("binary")
+    """Keys of streamed changes are the key bytes of the rows a chunk read returns."""
+    rig = Rig("basic")
     recorded: list[tuple[int, bytes | None]] = []
-    relid = rig.g.relation("bin_rows").relation_id
+    relid = rig.g.relation("items").relation_id
     rig.feed(until=lambda m: isinstance(m, Relation))
     rig.publisher.watch(relid, lambda x, k: recorded.append((x, k)))
     rig.feed()
-    ((xid, key),) = recorded
-    assert key is not None
+    # Inserts 1 and 2, update of 1, key change 2 -> 3 (both keys), delete of 1.
+    assert len(recorded) == 6 and all(key is not None for _, key in recorded)
+    xid = recorded[-1][0]
 
-    table = rig.table("bin_rows")
+    table = rig.table("items")
     encoder = rig.publisher.snapshot_encoder(table)
     assert encoder is not None
     columns = len(table.columns)
     rows = [
         TupleData(b"t" + b"n" * (columns - 1), (b"%d" % i, *[None] * (columns - 1)))
-        for i in (41, 42, 43)
+        for i in (1, 2, 3, 4, 5)
     ]
     rig.publisher.begin_transaction(xid + 1, Lsn(0x7000_0000), 0)
     _, sent = rig.publisher.snapshot_in_transaction(encoder, rows, {k for _, k in recorded if k})
@@ -594,7 +586,7 @@ def test_watched_keys_are_the_keys_snapshot_rows_are_skipped_by() -> None:
     reads = [
         rig.decode(v) for m in rig.sink.produced if (v := m.value()) and m.topic() == encoder.topic
     ]
-    assert [r["after"]["id"] for r in reads if r["op"] == "r"] == [41, 43]
+    assert [r["after"]["id"] for r in reads if r["op"] == "r"] == [4, 5]
 
 
 def test_unwatch_restores_the_plain_row_path() -> None:
@@ -626,3 +618,16 @@ def test_unwatch_restores_the_plain_row_path() -> None:
     assert [(m.key(), m.headers()) for m in plain.sink.produced] == [
         (m.key(), m.headers()) for m in rig.sink.produced
     ]
+
+
+def test_binary_values_are_refused_not_published() -> None:
+    """cdcd never asks for ``binary``: the ``binary`` capture's 'b' values stop the pipeline."""
+    rig = Rig("binary")
+    with pytest.raises(EncodeError) as caught:
+        rig.feed()
+    message = str(caught.value)
+    assert "public.bin_rows.id" in message and "binary format ('b')" in message
+    assert "report it" in message  # a protocol violation, not a value to fix
+    assert caught.value.exit_code == 3
+    assert [m for m in rig.sink.produced if m.topic() == "pg.public.bin_rows"] == []
+    assert rig.tracker.confirmed == START

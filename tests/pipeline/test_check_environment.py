@@ -119,9 +119,12 @@ def test_check_says_what_becomes_of_the_signal_table(pg, broker, tmp_path: Path)
     pg.execute("CREATE TABLE t(id int PRIMARY KEY)")
     pg.execute("CREATE PUBLICATION cdcd FOR TABLE t")
 
-    def check(mode: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    def check(
+        mode: str, dsn: str | None = None, resnapshot: str = "never"
+    ) -> subprocess.CompletedProcess[str]:
         config = write_config(tmp_path / "c.yaml", dsn or pg.dsn, broker.bootstrap_servers,
-                              tables=["public.t"], extra={"snapshot": {"mode": mode}})
+                              tables=["public.t"], extra={"snapshot": {"mode": mode},
+                                                          "schema_changes": {"resnapshot": resnapshot}})
         return _cdcd("check", "-c", str(config))
 
     # Streaming only: nothing will be created.
@@ -129,6 +132,12 @@ def test_check_says_what_becomes_of_the_signal_table(pg, broker, tmp_path: Path)
     assert result.returncode == 0, result.stdout + result.stderr
     line = _line(result.stdout, "ok   signal table public.cdcd_signal:")
     assert "absent, not needed to stream" in line and "`cdcd snapshot` creates it" in line, line
+
+    # Healing schema changes (the default) needs it: run creates it at startup.
+    result = check("never", resnapshot="auto")
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = _line(result.stdout, "ok   signal table public.cdcd_signal:")
+    assert "`cdcd run` creates it at startup" in line and "schema_changes" in line, line
 
     # A slot cdcd creates with an initial snapshot: run creates the table first.
     result = check("initial")
@@ -153,6 +162,11 @@ def test_check_says_what_becomes_of_the_signal_table(pg, broker, tmp_path: Path)
         result = check("never", dsn)
         line = _line(result.stdout, "ok   signal table public.cdcd_signal:")
         assert "this user cannot create it" in line, line
+        result = check("never", dsn, resnapshot="auto")
+        assert result.returncode == 1, result.stdout + result.stderr
+        line = _line(result.stdout, "FAIL signal table public.cdcd_signal:")
+        assert "tracks schema changes in memory only" in line, line
+        assert "schema_changes.resnapshot never" in line, line
 
         # Once it exists: its pending requests, or what the user lacks on it.
         pg.execute(_ddl())

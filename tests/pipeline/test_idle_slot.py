@@ -38,6 +38,8 @@ def test_confirmed_flush_advances_without_captured_changes(
                                "SELECT generate_series(1, 500)", dbname=other_db)
             time.sleep(1)
             positions.append(slot_confirmed_flush_lsn(conn, slot))
+            if len(set(positions)) >= 3:
+                break  # moved three times already: more samples would prove no more
         assert positions[-1] > start, f"confirmed_flush_lsn stuck at {start}"
         assert len(set(positions)) >= 3, f"confirmation moved too rarely: {positions}"
         assert positions == sorted(positions)

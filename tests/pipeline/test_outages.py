@@ -41,6 +41,15 @@ def _assert_replay_equals_tables(conn: Any, bootstrap: str, prefix: str) -> None
         assert mirrored == {k: _normalize(v) for k, v in table_rows(conn, table).items()}, table
 
 
+def _wait_delivered_under_load(conn: Any, slot: str, workload: Workload, what: str) -> None:
+    """Let the writer commit some more, then wait until the slot confirms past them."""
+    more = workload.committed + 20
+    wait_for(lambda: workload.committed >= more, timeout_s=60, what=f"20 more commits {what}")
+    mark = current_wal_lsn(conn)
+    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= mark, timeout_s=120,
+             what=f"confirmation of writes {what}")
+
+
 class _Writer:
     """Commits random transactions in a thread until stopped, surviving server crashes."""
 
@@ -87,7 +96,7 @@ def test_frozen_broker_for_30s(pg, make_broker, tmp_path: Path) -> None:
         wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
                                      "AND active", (slot,)), what="streaming")
         with _Writer(pg.connect, workload):
-            time.sleep(3)
+            _wait_delivered_under_load(conn, slot, workload, "before the freeze")
             broker.freeze()
             frozen_at = current_wal_lsn(conn)
             during = []
@@ -95,7 +104,7 @@ def test_frozen_broker_for_30s(pg, make_broker, tmp_path: Path) -> None:
                 time.sleep(1)
                 during.append(slot_confirmed_flush_lsn(conn, slot))
             broker.thaw()
-            time.sleep(3)
+            _wait_delivered_under_load(conn, slot, workload, "after the thaw")
         assert max(during) <= frozen_at, "confirmed past what could have been delivered"
         assert daemon.alive(), "the daemon should ride out a broker outage: " + daemon.log()[-2000:]
         target = current_wal_lsn(conn)
@@ -122,11 +131,11 @@ def test_postgres_immediate_restart(make_pg_cluster, broker, tmp_path: Path) -> 
         wait_for(lambda: cluster.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
                                          "AND active", (slot,), dbname="app"), what="streaming")
         with _Writer(lambda: cluster.connect("app"), workload):
-            time.sleep(3)
+            _wait_delivered_under_load(conn, slot, workload, "before the restart")
             conn.close()
             cluster.restart(mode="immediate")
-            time.sleep(6)
-        conn = cluster.connect("app")
+            conn = cluster.connect("app")
+            _wait_delivered_under_load(conn, slot, workload, "after the restart")
         assert daemon.alive(), daemon.log()[-2000:]
         target = current_wal_lsn(conn)
         wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,

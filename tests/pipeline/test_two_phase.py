@@ -12,6 +12,7 @@ import time
 
 import pytest
 from support.cdc import read_changes, wait_for
+from support.kafka import consume_all
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,8 @@ def test_prepared_transactions_publish_once_at_commit_prepared(pg, broker, cdc_c
     time.sleep(3)
     # The later transaction is delivered, but confirmation is held before g1's PREPARE.
     assert slot_confirmed_flush_lsn(conn, slot) <= prepared_at
-    published = read_changes(broker.bootstrap_servers, pg.dbname, [topic], idle_s=2)
+    consume_all(broker.bootstrap_servers, topic, expected=1)  # wait for the first message
+    published = read_changes(broker.bootstrap_servers, pg.dbname, [topic])
     assert [c.value["after"]["id"] for c in published if c.value] == [100]
 
     cur.execute("COMMIT PREPARED 'g1'")

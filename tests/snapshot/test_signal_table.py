@@ -49,7 +49,8 @@ def test_streaming_creates_no_signal_table_and_a_requested_snapshot_still_runs(
     conn = pg.connect()
     create_orders(conn, rows)
     slot = "cdcd_" + pg.dbname[:50]
-    config = cdc_config(tables=["public.orders"], snapshot={"mode": "never", "chunk_rows": 500})
+    config = cdc_config(tables=["public.orders"], snapshot={"mode": "never", "chunk_rows": 500},
+                        extra={"schema_changes": {"resnapshot": "never"}})
     daemon = daemons(config)
     wait_streaming(pg, slot)
     pg.execute("UPDATE orders SET status = 'x' WHERE id <= 5")
@@ -86,7 +87,8 @@ def test_an_existing_slot_with_mode_initial_creates_no_signal_table(pg, broker, 
     slot = "cdcd_" + pg.dbname[:50]
     create_publication(conn, "cdcd", ["public.orders"])
     create_slot(conn, slot)
-    daemon = daemons(cdc_config(tables=["public.orders"], snapshot={"mode": "initial"}))
+    daemon = daemons(cdc_config(tables=["public.orders"], snapshot={"mode": "initial"},
+                                extra={"schema_changes": {"resnapshot": "never"}}))
     wait_streaming(pg, slot)
     pg.execute("UPDATE orders SET status = 'x' WHERE id = 1")
     wait_caught_up(pg, slot)

@@ -18,18 +18,17 @@ pa = pytest.importorskip("pyarrow")
 
 from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: E402
 
+from cdcd.consumer import SchemaCatalog  # noqa: E402
 from cdcd.errors import DefiniteError  # noqa: E402
 from cdcd.spark.decode import (  # noqa: E402
     DecodePlan,
-    RowLayout,
-    SchemaCatalog,
     decode_batch,
     decode_native,
     decode_payloads,
     newest_version,
     read_payloads,
-    to_reader,
 )
+from cdcd.spark.layout import RowLayout, to_reader  # noqa: E402
 from spark.envelopes import (  # noqa: E402
     UNCHANGED,
     Col,
@@ -79,7 +78,7 @@ def _schemas(factory: EnvelopeFactory) -> dict[bytes, dict[str, Any]]:
 def _catalog(factory: EnvelopeFactory) -> SchemaCatalog:
     catalog = SchemaCatalog("pg")
     for header, schema in _schemas(factory).items():
-        catalog._schemas[header] = schema
+        catalog.add(header, schema)
     return catalog
 
 
@@ -182,7 +181,7 @@ def test_confluent_wire_format_with_a_registry() -> None:
     catalog = SchemaCatalog("pg", registry_client=registry)
     header, schema = catalog.latest("pg.public.reg") or (b"", {})
     assert header[:1] == b"\x00"
-    plan = DecodePlan.build("pg.public.reg", schema, {}, catalog)
+    plan = DecodePlan.build("pg.public.reg", schema, {}, catalog.schema)
     decoded = decode_batch(kafka_batch(factory.messages), plan)
     assert decoded.to_pylist()[0]["after"] == {"id": 1, "amount": Decimal("3.125")}
 
@@ -204,8 +203,8 @@ def test_all_topics_decode_in_one_pass_through_payloads() -> None:
     factory.change(b, "c", after=["k1", "2024-05-06 07:08:09+00"], lsn=10, seq=1)
     factory.change(a, "u", after=["1", "uno"], lsn=11, seq=0)
     catalog = _catalog(factory)
-    batches = list(decode_payloads([kafka_batch(factory.messages)], catalog))
-    by_topic = read_payloads(pa.Table.from_batches(batches), catalog)
+    batches = list(decode_payloads([kafka_batch(factory.messages)], catalog.schema))
+    by_topic = read_payloads(pa.Table.from_batches(batches), catalog.schema)
     assert sorted(by_topic) == ["pg.public.a", "pg.public.b"]
     a_changes = by_topic["pg.public.a"][0].changes
     assert [r["after"]["x"] for r in a_changes.to_pylist()] == ["one", "uno"]

@@ -17,17 +17,17 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from cdcd.errors import ConfigError, DefiniteError  # noqa: E402
-from cdcd.spark.decode import RowLayout, changes_arrow_schema  # noqa: E402
-from cdcd.spark.mirror import (  # noqa: E402
+from cdcd.spark.apply import (  # noqa: E402
     META_LSN,
     META_SEQ,
-    MirrorStore,
     TableState,
     apply_changes,
     empty_rows,
     evolve,
     table_dir_name,
 )
+from cdcd.spark.layout import RowLayout, changes_arrow_schema  # noqa: E402
+from cdcd.spark.mirror import MirrorStore  # noqa: E402
 
 ROW = {
     "type": "record",

@@ -14,8 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -161,12 +164,13 @@ class SchemaBook:
 
     def __init__(self) -> None:
         self.schemas: dict[str, Any] = {}
+        self.raw: dict[str, Any] = {}  # the same schemas as JSON, field attributes and all
 
     def load(self, bootstrap: str, prefix: str) -> None:
         for message in consume_all(bootstrap, f"{prefix}._schemas", timeout_s=15, idle_s=1.0):
-            self.schemas[message.key().decode()] = fastavro.parse_schema(
-                json.loads(message.value())
-            )
+            fingerprint = message.key().decode()
+            self.raw[fingerprint] = json.loads(message.value())
+            self.schemas[fingerprint] = fastavro.parse_schema(self.raw[fingerprint])
 
     def decode(self, data: bytes | None) -> dict[str, Any] | None:
         if data is None:
@@ -252,3 +256,311 @@ def wait_for(predicate: Any, timeout_s: float = 60.0, interval_s: float = 0.2, w
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
         time.sleep(interval_s)
+
+
+# ----------------------------------------------------------------------------- schema resolution
+#
+# A consumer that follows schema changes decodes every record with its own
+# writer schema *resolved to the topic's newest schema* (the writer schema of
+# the change with the highest (cdcd.lsn, cdcd.seq)), as Avro's schema
+# resolution rules define it: a field the writer lacks takes the reader
+# field's default, a reader field's ``aliases`` match earlier writer names,
+# int/long/float promote. fastavro (1.13) implements all of it except one
+# thing: a default is handed back in its JSON form (bytes as a string of code
+# points, a date as an int, a decimal as a string of bytes...), not converted
+# through the field's type as the Avro specification says ("Default values for
+# bytes and fixed fields are JSON strings, where Unicode code points 0-255 are
+# mapped to unsigned 8-bit byte values"; logical types apply to the value).
+# :func:`avro_default` does that conversion, from the specification alone.
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One table-topic message as it is in Kafka, before decoding."""
+
+    topic: str
+    partition: int
+    offset: int
+    lsn: int
+    seq: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass
+class ResolvedRead:
+    """Every change of some topics, each resolved to its topic's newest schemas."""
+
+    changes: list[Change]
+    #: topic -> newest envelope (value) writer schema, as JSON
+    value_schemas: dict[str, Any]
+    #: topic -> newest key writer schema, as JSON (None: the topic has no keyed record)
+    key_schemas: dict[str, Any]
+
+    def row_columns(self, topic: str) -> dict[str, str]:
+        """Avro field name -> PostgreSQL column name of the newest row record."""
+        return {
+            f["name"]: f.get("cdcd.column", f["name"])
+            for f in row_record(self.value_schemas[topic])["fields"]
+        }
+
+
+def read_records(
+    bootstrap: str,
+    topics: Iterable[str],
+    expected: int | None = None,
+    timeout_s: float = 60.0,
+    idle_s: float = 2.0,
+) -> list[RawRecord]:
+    """Every message of ``topics``, undecoded, with its (cdcd.lsn, cdcd.seq) headers."""
+    out = []
+    for message in consume_all(bootstrap, list(topics), timeout_s=timeout_s, expected=expected,
+                               idle_s=idle_s):
+        headers = _headers(message)
+        out.append(
+            RawRecord(
+                topic=message.topic(),
+                partition=message.partition(),
+                offset=message.offset(),
+                lsn=_lsn(headers["cdcd.lsn"].decode()),
+                seq=int(headers["cdcd.seq"]),
+                key=message.key(),
+                value=message.value(),
+            )
+        )
+    return out
+
+
+def read_resolved_changes(
+    bootstrap: str,
+    prefix: str,
+    topics: Iterable[str] | None = None,
+    expected: int | None = None,
+    timeout_s: float = 60.0,
+    idle_s: float = 2.0,
+) -> ResolvedRead:
+    """Like :func:`read_changes`, but every value (envelope) is decoded with its writer
+    schema and resolved to the newest value schema of its topic.
+
+    Keys are decoded with their own writer schema only: a key names the row
+    under the replica identity in force when it was written, and a key that
+    gained a column cannot be resolved to the new key schema by any reader
+    (replay works from the envelopes' rows anyway). ``key_schemas`` still
+    tells the newest key schema of each topic.
+
+    Raises AssertionError naming the records (topic, partition, offset,
+    lsn/seq, op) that plain Avro resolution cannot read with the newest schema.
+    """
+    topic_list = list(topics) if topics is not None else table_topics(bootstrap, prefix)
+    book = SchemaBook()
+    book.load(bootstrap, prefix)
+    records = read_records(bootstrap, topic_list, expected=expected, timeout_s=timeout_s,
+                           idle_s=idle_s)
+    newest_value: dict[str, tuple[tuple[int, int], str]] = {}
+    newest_key: dict[str, tuple[tuple[int, int], str]] = {}
+    for record in records:
+        position = (record.lsn, record.seq)
+        for data, newest in ((record.value, newest_value), (record.key, newest_key)):
+            if data is None:
+                continue
+            _check_framing(data)
+            fingerprint = data[2:10].hex()
+            if record.topic not in newest or newest[record.topic][0] < position:
+                newest[record.topic] = (position, fingerprint)
+    raw = book.raw
+    value_schemas = {t: raw[fp] for t, (_, fp) in newest_value.items()}
+    key_schemas = {t: raw[fp] for t, (_, fp) in newest_key.items()}
+    readers = {fp: fastavro.parse_schema(raw[fp]) for _, fp in newest_value.values()}
+
+    changes: list[Change] = []
+    failures: list[str] = []
+    for record in records:
+        try:
+            key = book.decode(record.key)
+            value = _decode_resolved(book, record.value, newest_value.get(record.topic), readers)
+        except Exception as exc:  # noqa: BLE001 - collected, reported below with the record
+            op = "?"
+            if record.value is not None:
+                plain = book.decode(record.value)
+                op = plain["op"] if plain else "?"
+            failures.append(
+                f"{record.topic}[{record.partition}]@{record.offset} lsn={record.lsn:X} "
+                f"seq={record.seq} op={op}: {type(exc).__name__}: {exc}"
+            )
+            continue
+        changes.append(
+            Change(
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                lsn=record.lsn,
+                seq=record.seq,
+                key=key,
+                value=value,
+            )
+        )
+    if failures:
+        raise AssertionError(
+            f"{len(failures)} of {len(records)} records cannot be read with their topic's newest "
+            "schema by plain Avro resolution, e.g.:\n  " + "\n  ".join(failures[:5])
+        )
+    return ResolvedRead(changes, value_schemas, key_schemas)
+
+
+def _check_framing(data: bytes) -> None:
+    assert data[:2] == b"\xc3\x01", f"not single-object encoded: {data[:10]!r}"
+
+
+def _decode_resolved(
+    book: SchemaBook,
+    data: bytes | None,
+    newest: tuple[tuple[int, int], str] | None,
+    readers: dict[str, Any],
+) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    assert newest is not None
+    fingerprint = data[2:10].hex()
+    writer = book.schemas[fingerprint]
+    reader_fp = newest[1]
+    record: dict[str, Any] = fastavro.schemaless_reader(
+        io.BytesIO(data[10:]), writer, readers[reader_fp]
+    )
+    _convert_defaults(book.raw[reader_fp], book.raw[fingerprint], record)
+    return record
+
+
+def row_record(envelope_schema: Any) -> Any:
+    """The row record (``Value``) of an envelope schema, as JSON."""
+    for field_ in envelope_schema["fields"]:
+        if field_["name"] in ("before", "after"):
+            for branch in field_["type"]:
+                if isinstance(branch, dict) and branch.get("type") == "record":
+                    return branch
+    raise AssertionError(f"no row record in {envelope_schema.get('name')}")
+
+
+def _named_types(schema: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """Named types of a JSON schema by short and full name (enough for our schemas)."""
+    if isinstance(schema, list):
+        for branch in schema:
+            _named_types(branch, out)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind in ("record", "enum", "fixed"):
+            out[schema["name"]] = schema
+            if schema.get("namespace"):
+                out[f"{schema['namespace']}.{schema['name']}"] = schema
+            for field_ in schema.get("fields", []):
+                _named_types(field_["type"], out)
+        elif kind == "array":
+            _named_types(schema["items"], out)
+        elif kind == "map":
+            _named_types(schema["values"], out)
+        elif isinstance(kind, dict | list):
+            _named_types(kind, out)
+    return out
+
+
+def _deref(schema: Any, named: dict[str, Any]) -> Any:
+    while True:
+        if isinstance(schema, str) and schema in named:
+            schema = named[schema]
+        elif isinstance(schema, dict) and isinstance(schema.get("type"), dict | list):
+            schema = schema["type"]
+        elif isinstance(schema, dict) and schema.get("type") in named:
+            schema = named[schema["type"]]
+        else:
+            return schema
+
+
+def _record_branch(schema: Any, named: dict[str, Any]) -> Any:
+    schema = _deref(schema, named)
+    if isinstance(schema, list):
+        for branch in schema:
+            candidate = _deref(branch, named)
+            if isinstance(candidate, dict) and candidate.get("type") == "record":
+                return candidate
+        return None
+    return schema if isinstance(schema, dict) and schema.get("type") == "record" else None
+
+
+def _convert_defaults(reader: Any, writer: Any, datum: Any) -> None:
+    """Turn the JSON defaults fastavro filled in into Python values (in place)."""
+    _convert_record(reader, writer, datum, _named_types(reader, {}), _named_types(writer, {}))
+
+
+def _convert_record(
+    reader: Any, writer: Any, datum: Any, rnamed: dict[str, Any], wnamed: dict[str, Any]
+) -> None:
+    rrec, wrec = _record_branch(reader, rnamed), _record_branch(writer, wnamed)
+    if rrec is None or wrec is None or not isinstance(datum, dict):
+        return
+    writer_fields = {f["name"]: f for f in wrec["fields"]}
+    for field_ in rrec["fields"]:
+        name = field_["name"]
+        matched = next(
+            (writer_fields[n] for n in [name, *field_.get("aliases", [])] if n in writer_fields),
+            None,
+        )
+        if matched is None:
+            if "default" in field_:
+                datum[name] = avro_default(field_["type"], datum.get(name), rnamed)
+        elif datum.get(name) is not None:
+            _convert_record(field_["type"], matched["type"], datum[name], rnamed, wnamed)
+
+
+def avro_default(schema: Any, value: Any, named: dict[str, Any] | None = None) -> Any:
+    """A field default in its JSON encoding -> the value a decoder returns for that type.
+
+    Per the Avro specification: a union's default belongs to its first
+    branch; bytes and fixed are strings whose code points 0-255 are the
+    bytes; logical types (decimal, date, time-*, timestamp-*,
+    local-timestamp-*, uuid) apply to the underlying value. A value that is
+    already converted is returned unchanged.
+    """
+    named = named or {}
+    if value is None:
+        return None
+    if isinstance(schema, list):
+        return avro_default(schema[0], value, named)
+    if isinstance(schema, str):
+        if schema in named:
+            return avro_default(named[schema], value, named)
+        if schema == "bytes":
+            return value.encode("latin-1") if isinstance(value, str) else value
+        if schema in ("float", "double") and isinstance(value, int | float):
+            return float(value)
+        return value
+    kind = schema.get("type")
+    logical = schema.get("logicalType")
+    if logical == "decimal" and kind in ("bytes", "fixed") and isinstance(value, str):
+        unscaled = int.from_bytes(value.encode("latin-1"), "big", signed=True)
+        return Decimal(unscaled).scaleb(-int(schema.get("scale", 0)))
+    if logical == "date" and isinstance(value, int):
+        return date(1970, 1, 1) + timedelta(days=value)
+    if logical in ("time-micros", "time-millis") and isinstance(value, int):
+        micros = value if logical == "time-micros" else value * 1000
+        return (datetime(1970, 1, 1) + timedelta(microseconds=micros)).time()
+    if logical in ("timestamp-micros", "timestamp-millis", "local-timestamp-micros",
+                   "local-timestamp-millis") and isinstance(value, int):
+        micros = value if logical.endswith("micros") else value * 1000
+        instant = datetime(1970, 1, 1) + timedelta(microseconds=micros)
+        return instant if logical.startswith("local") else instant.replace(tzinfo=UTC)
+    if logical == "uuid" and isinstance(value, str):
+        return uuid.UUID(value)
+    if kind == "array" and isinstance(value, list):
+        return [avro_default(schema["items"], item, named) for item in value]
+    if kind == "map" and isinstance(value, dict):
+        return {k: avro_default(schema["values"], v, named) for k, v in value.items()}
+    if kind == "fixed" and isinstance(value, str):
+        return value.encode("latin-1")
+    if kind == "record" and isinstance(value, dict):
+        return {
+            f["name"]: avro_default(f["type"], value.get(f["name"], f.get("default")), named)
+            for f in schema["fields"]
+        }
+    if isinstance(kind, str | list | dict) and kind not in ("record", "enum", "array", "map",
+                                                            "fixed"):
+        return avro_default(kind, value, named)
+    return value

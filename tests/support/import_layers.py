@@ -58,6 +58,9 @@ LAYERS: dict[str, int] = {
     # classifier to the tracker.
     "sink": 6,
     "ack": 6,
+    # What every reader of the topics needs (wire headers, the _schemas topic,
+    # the registry): above the envelope whose names it reads, beside the sink.
+    "consumer": 6,
     # The source database: replication connection, slot, catalog (needs
     # decode's type catalog), feedback with the confirmed LSN.
     "source": 7,
@@ -86,15 +89,16 @@ LAYERS: dict[str, int] = {
 #: package name allows all of it, ``package.module`` only that module.
 ONLY_USES: dict[str, frozenset[str]] = {
     # The Spark reader runs inside Spark executors and decodes what cdcd wrote:
-    # names, the envelope's schemas and wire format, config for its settings,
-    # errors and logging. Replication, the producer or the pipeline there would
-    # mean it depends on how cdcd produces instead of on what it wrote. The one
-    # exception is sink.topics' admin_config: which of the producer's
-    # properties are connection and security settings, so that the Spark
-    # Kafka source connects exactly as cdcd does.
+    # names, the envelope's schemas and wire format (through the consumer
+    # module), config for its settings, errors and logging. Replication, the
+    # producer or the pipeline there would mean it depends on how cdcd
+    # produces instead of on what it wrote.
     "spark": frozenset(
-        {"cdcd", "errors", "naming", "config", "observability", "envelope", "sink.topics"}
+        {"cdcd", "errors", "naming", "config", "observability", "envelope", "consumer"}
     ),
+    # The consumer side reads what was written: names, the envelope's schema
+    # names, config; nothing of how it is produced.
+    "consumer": frozenset({"cdcd", "errors", "naming", "config", "envelope"}),
 }
 
 #: Packages only the listed packages may import.

@@ -1,10 +1,12 @@
 """Kafka helpers for tests against the local tansu broker.
 
 Consumers here use ``assign()`` rather than group subscription (a group's
-first assignment takes seconds on tansu) and never trust the broker's high
-watermark: tansu reports the last batch's base offset + 1, so "read up to the
-high watermark" would stop after the first record of the last batch. They read
-until no message has arrived for a while, or until the expected count.
+first assignment takes seconds on tansu) and never take the broker's high
+watermark as the end: tansu reports the last batch's base offset + 1, so "read
+up to the high watermark" would stop after the first record of the last batch.
+They read until that record *and the rest of its batch* (see ``_last_offset``),
+until the expected count, or, where no end can be told, until no message has
+arrived for a while.
 """
 
 from __future__ import annotations
@@ -106,10 +108,17 @@ def consume_all(
 ) -> list[Message]:
     """Read every partition of ``topics`` from the beginning with a fresh consumer.
 
-    Without ``expected``: returns once no message arrived for ``idle_s``
-    seconds (or at ``timeout_s``). With ``expected``: returns as soon as that
-    many messages arrived, or at ``timeout_s`` with what there is, so a slow
-    pipeline does not look idle; the caller's assertion says what was missing.
+    Without ``expected``: returns once every partition has been read to its
+    end (see :func:`_last_offset`; the ends are asked again when reached, so a
+    producer still writing is followed), or, when no end can be told (a topic
+    that does not exist yet, a last record that is never delivered such as a
+    transaction marker), once no message arrived for ``idle_s`` seconds; and
+    at ``timeout_s`` at the latest. So a caller that reads what was
+    acknowledged before the call gets all of it without waiting; one that
+    reads while a pipeline still works toward its topics gets what is there.
+    With ``expected``: returns as soon as that many messages arrived, or at
+    ``timeout_s`` with what there is, so a slow pipeline does not look idle;
+    the caller's assertion says what was missing.
 
     Topics that do not exist yet are looked up again until they appear.
     Messages come in arrival order (ordered per partition). ``config`` adds
@@ -117,21 +126,48 @@ def consume_all(
     ``read_uncommitted``.
     """
     wanted = [topics] if isinstance(topics, str) else list(topics)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"cdcd-test-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_uncommitted",
-            "allow.auto.create.topics": False,
-            **config,
-        }
-    )
+    settings = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"cdcd-test-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_uncommitted",
+        "allow.auto.create.topics": False,
+        # tansu holds a fetch for the whole wait even when some of its
+        # partitions have data: keep that short.
+        "fetch.wait.max.ms": 50,
+        **config,
+    }
+    consumer = Consumer(settings)
+    # Asks for the ends on its own connection: on the reading consumer's, the
+    # request would queue behind a fetch waiting for data (fetch.wait.max.ms).
+    probe = Consumer(settings)
     messages: list[Message] = []
     assigned: set[str] = set()
+    # Per assigned partition: the offset whose arrival means "read to the end"
+    # (None: unknown), and the highest offset read so far.
+    ends: dict[tuple[str, int], int | None] = {}
+    read: dict[tuple[str, int], int] = {}
+
+    def at_end() -> bool:
+        return len(assigned) == len(set(wanted)) and all(
+            end is not None and read.get(tp, -1) >= end for tp, end in ends.items()
+        )
+
+    def take(msg: Message) -> bool:
+        """Keep a message; False for a retriable error event."""
+        err = msg.error()
+        if err is not None:
+            if err.code() in _RETRIABLE_CODES or err.retriable():
+                return False
+            raise KafkaException(err)
+        messages.append(msg)
+        tp = (msg.topic(), msg.partition())
+        read[tp] = max(read.get(tp, -1), msg.offset())
+        return True
+
     try:
         start = time.monotonic()
         deadline = start + timeout_s
@@ -141,32 +177,58 @@ def consume_all(
             now = time.monotonic()
             if len(assigned) < len(set(wanted)) and now >= next_lookup:
                 added = _assign_new(consumer, wanted, assigned)
+                for tp in added:
+                    ends[tp] = _last_offset(probe, *tp)
                 if added:
                     last_activity = now
                 next_lookup = now + 0.25
             if expected is not None and len(messages) >= expected:
                 break
+            if expected is None and at_end():
+                # The last batch read is queued whole (librdkafka enqueues a
+                # fetched batch at once): take it, then see whether the ends
+                # moved while we read.
+                while (msg := consumer.poll(0)) is not None:
+                    take(msg)
+                for tp in ends:
+                    ends[tp] = _last_offset(probe, *tp)
+                if at_end():
+                    break
             if now >= deadline:
                 break
             if expected is None and now - last_activity >= idle_s:
                 break
             msg = consumer.poll(0.1)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() in _RETRIABLE_CODES or err.retriable():
-                    continue
-                raise KafkaException(err)
-            messages.append(msg)
-            last_activity = time.monotonic()
+            if msg is not None and take(msg):
+                last_activity = time.monotonic()
     finally:
         consumer.close()
+        probe.close()
     return messages
 
 
-def _assign_new(consumer: Consumer, wanted: list[str], assigned: set[str]) -> bool:
-    """Assign, from the beginning, every partition of topics that now exist."""
+def _last_offset(consumer: Consumer, topic: str, partition: int) -> int | None:
+    """The offset that, once read, means ``partition`` was read to its end.
+
+    Kafka's high watermark is the last offset + 1. tansu reports the last
+    *batch's* base offset + 1 instead (INFRA.md), so ``high - 1`` is the first
+    record of the last batch there; the rest of that batch comes in the same
+    fetch response, which librdkafka queues at once. -1 for an empty
+    partition; None when the broker did not say.
+    """
+    try:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=5, cached=False
+        )
+    except KafkaException:
+        return None
+    return int(high) - 1 if high > low else -1
+
+
+def _assign_new(
+    consumer: Consumer, wanted: list[str], assigned: set[str]
+) -> list[tuple[str, int]]:
+    """Assign, from the beginning, every partition of topics that now exist; return them."""
     new: list[TopicPartition] = []
     for topic in wanted:
         if topic in assigned:
@@ -179,4 +241,4 @@ def _assign_new(consumer: Consumer, wanted: list[str], assigned: set[str]) -> bo
         new.extend(TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(info.partitions))
     if new:
         consumer.incremental_assign(new)
-    return bool(new)
+    return [(tp.topic, tp.partition) for tp in new]

@@ -84,13 +84,20 @@ def create_slot(conn: psycopg2.extensions.connection, name: str, two_phase: bool
     """Create a logical ``pgoutput`` slot; return its consistent point (integer LSN).
 
     Uses the SQL function because the replication protocol command in
-    psycopg2 has no two-phase option.
+    psycopg2 has no two-phase option. The two-phase argument exists from
+    PostgreSQL 14 on, so it is passed only when asked for.
     """
     with conn.cursor() as cur:
-        cur.execute(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)",
-            (name, two_phase),
-        )
+        if two_phase:
+            cur.execute(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput', false, "
+                "true)",
+                (name,),
+            )
+        else:
+            cur.execute(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,)
+            )
         row = cur.fetchone()
     _commit_unless_autocommit(conn)
     return lsn_to_int(row[0])

@@ -1,0 +1,33 @@
+"""The optional C extensions of cdcd's hot path (everything else is in pyproject.toml).
+
+Each is one C file of this package, compiled with the Python headers only. They
+are ``optional``: without a compiler (or headers) the build skips them with a
+warning and cdcd runs its pure-Python reference code (``cdcd.protocol.native``).
+Each module records the SHA-256 of the source it was built from, so that an
+editable install whose C source changed since is detected and not used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _extension(module: str) -> Extension:
+    source = Path(*module.split(".")).with_suffix(".c")
+    digest = hashlib.sha256((ROOT / source).read_bytes()).hexdigest()
+    return Extension(
+        module,
+        [str(source)],
+        define_macros=[("CDCD_NATIVE_SOURCE", f'"{digest}"')],
+        extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                            "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
+        optional=True,
+    )
+
+
+setup(ext_modules=[_extension("cdcd.protocol._native"), _extension("cdcd.envelope._native")])

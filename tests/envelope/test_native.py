@@ -68,11 +68,12 @@ def _digits(draw: st.DrawFn, low: int, high: int) -> str:
     return draw(st.text("0123456789", min_size=low, max_size=high))
 
 
-#: Varint boundaries (7-bit groups, zig-zag), int64's ends, and what only int() takes.
+#: Powers of two and their neighbours, either sign: every varint length boundary
+#: (zig-zagged or not) and int64's ends.
 _INT_EDGES = sorted(
     {
         sign * ((1 << bits) + delta)
-        for bits in range(0, 64, 7)
+        for bits in range(64)
         for delta in (-1, 0, 1)
         for sign in (1, -1)
     }
@@ -463,6 +464,18 @@ def test_what_postgresql_prints_is_parsed_in_c(tz: bytes, ts: bytes, number: int
     money = f"{number % 10**10 * (1 if number >= 0 else -1) / 100:.2f}".encode()
     codec = decimal_codec(12, 2)
     assert _c_value(rowcode.K_DECIMAL, money, 12, 2) == codec.from_text(money)
+
+
+@compiled
+def test_integer_edges_in_c() -> None:
+    """Every varint length boundary and int64's ends, each way, through the C integer parser."""
+    for n in _INT_EDGES:
+        text = str(n).encode()
+        c = _c_value(rowcode.K_INT, text)
+        if len(text.lstrip(b"-")) <= 18:
+            assert c == int_from_text(text), n
+        else:
+            assert c is None, n  # 19 digits and more: int() decides, and may raise
 
 
 def test_kind_numbers_match_the_c_enum() -> None:

@@ -405,16 +405,15 @@ def _compare(
     by_name = catalog.by_name()
     old_by_attnum = {c.attnum: c for c in previous.columns}
     keys = set(_key_names(version))
-    dropped = [c for c in previous.columns if c.attnum not in {by_name[v.name].attnum for v in version.columns}]
+    attnums = {by_name[v.name].attnum for v in version.columns}
+    dropped = [c for c in previous.columns if c.attnum not in attnums]
     retired = tuple(dict.fromkeys((*previous.retired, *(c.name for c in dropped))))
     # Earlier names a new column takes over stop being aliases of the column
     # that had them (two fields answering to one writer name is no schema).
     taken = {c.name for c in version.columns if by_name[c.name].attnum not in old_by_attnum}
     columns: list[ColumnState] = []
-    seen: set[int] = set()
     for column in version.columns:
         now = by_name[column.name]
-        seen.add(now.attnum)
         old = old_by_attnum.get(now.attnum)
         default: ColumnDefault | None = None
         aliases: tuple[str, ...] = ()
@@ -475,10 +474,9 @@ def _compare(
                 nullable=nullable,
             )
         )
-    for old in previous.columns:
-        if old.attnum not in seen:
-            kinds.append(DROP)
-            details.append(f"{old.name} dropped")
+    for old in dropped:
+        kinds.append(DROP)
+        details.append(f"{old.name} dropped")
     if rewritten and not heal:
         # The table's files changed and nothing above explains why: a rewrite
         # cdcd cannot rule out (or a TRUNCATE/VACUUM FULL, which heals harmlessly).

@@ -199,22 +199,10 @@ def read_changes(
     topic_list = list(topics) if topics is not None else table_topics(bootstrap, prefix)
     book = SchemaBook()
     book.load(bootstrap, prefix)
-    out = []
-    messages = consume_all(bootstrap, topic_list, timeout_s=timeout_s, expected=expected, idle_s=idle_s)
-    for message in messages:
-        headers = _headers(message)
-        out.append(
-            Change(
-                topic=message.topic(),
-                partition=message.partition(),
-                offset=message.offset(),
-                lsn=_lsn(headers["cdcd.lsn"].decode()),
-                seq=int(headers["cdcd.seq"]),
-                key=book.decode(message.key()),
-                value=book.decode(message.value()),
-            )
-        )
-    return out
+    return [
+        Change(r.topic, r.partition, r.offset, r.lsn, r.seq, book.decode(r.key), book.decode(r.value))
+        for r in read_records(bootstrap, topic_list, expected=expected, timeout_s=timeout_s, idle_s=idle_s)
+    ]
 
 
 def replay(changes: Iterable[Change], key_columns: tuple[str, ...]) -> dict[tuple[Any, ...], dict[str, Any]]:

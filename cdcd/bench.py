@@ -313,7 +313,9 @@ class _BackendCpu:
                         with conn.cursor() as cur:
                             cur.execute(self._sql, self._params)
                             pids.update(int(row[0]) for row in cur.fetchall())
-                        next_find = now + 0.1
+                        # Until one is found, look every interval: a small
+                        # load's walsender may live less than 0.1 s.
+                        next_find = now + (0.1 if pids else self._interval_s)
                     for pid in pids:
                         cpu = _proc_cpu_s(pid)
                         if cpu is not None:
@@ -421,6 +423,11 @@ class _LatencyMetrics(Metrics):
         if self.recording:
             self.samples.append(latency)
         super().delivered(commit_time, now)
+
+    def delivered_many(self, commit_times_ms: list[int], now: float) -> None:
+        if self.recording:
+            self.samples.extend(now - ms / 1000.0 for ms in commit_times_ms)
+        super().delivered_many(commit_times_ms, now)
 
 
 def _config(dsn: str, bootstrap: str, slot: str) -> Any:

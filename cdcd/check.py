@@ -17,9 +17,11 @@ from cdcd.config.model import CdcdConfig, redact_dsn
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.schemas import envelope_schema, key_schema
 from cdcd.errors import CdcdError, ConfigError
-from cdcd.naming import format_table, split_table, table_topic
+from cdcd.naming import format_table, table_topic
 from cdcd.observability.http import parse_listen
 from cdcd.pipeline.resync import check_slot
+from cdcd.sink.topics import topic_overrides
+from cdcd.snapshot.rows import published_relation, published_units
 from cdcd.snapshot.store import SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import (
@@ -38,8 +40,8 @@ from cdcd.source.database import (
     alter_target,
     missing_tables_error,
     refusal_error,
-    relation_from_catalog,
 )
+from cdcd.source.publication import describe_columns, describe_filter
 from cdcd.source.slot_holder import SlotHolder, slot_holder, slot_in_use
 from cdcd.source.versions import (
     has_messages,
@@ -62,9 +64,22 @@ class CheckResult(NamedTuple):
     config: bool = False
 
 
+def _signal_pair(config: CdcdConfig, db: SourceDatabase) -> list[tuple[str, str]]:
+    """cdcd's signal table, which a table pattern never captures."""
+    try:
+        table = SignalTable(db, config.snapshot.signal_table)
+    except CdcdError:
+        return []  # a bad name: _signal_table_checks says so
+    return [(table.schema, table.table)]
+
+
 def _captured_tables(config: CdcdConfig, db: SourceDatabase) -> list[tuple[str, str]]:
     if config.postgres.table_names:
-        return [split_table(t) for t in config.postgres.table_names]
+        tables = db.resolve_tables(config.postgres, exclude=_signal_pair(config, db))
+        if db.publication_exists(config.postgres.publication):
+            # A partitioned table published per leaf is captured as its leaves.
+            tables = published_units(db, config.postgres.publication, tables)
+        return tables
     if db.publication_exists(config.postgres.publication):
         # cdcd never publishes its own signal table, even FOR ALL TABLES.
         signal = config.snapshot.signal_table.rsplit(".", 1)[-1]
@@ -463,7 +478,12 @@ def _protocol_check(protocol_version: int, server_version: int) -> CheckResult:
 def _publication_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckResult]:
     """The publication and each captured table, as ``plan_publication`` decides for ``run``."""
     pg = config.postgres
-    plan = db.plan_publication(pg)
+    try:
+        plan = db.plan_publication(pg, exclude=_signal_pair(config, db))
+    except CdcdError as exc:
+        # A setting the server lacks, a pattern that matches nothing: run exits 2 on it too.
+        yield CheckResult(False, str(exc), config=isinstance(exc, ConfigError))
+        return
     label = f"publication {plan.name}"
     if plan.exists:
         kind = ", FOR ALL TABLES" if plan.all_tables else ""
@@ -492,16 +512,71 @@ def _publication_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[Chec
         )
     else:
         yield CheckResult(False, str(plan.absent_error()))
-    for schema, table in _captured_tables(config, db):
-        verdict = plan.verdict(schema, table)
-        if verdict is None:
-            continue
+    yield from _publication_settings(config, plan, db.server_version)
+    signal = set(_signal_pair(config, db))
+    for verdict in plan.tables:
+        if (verdict.schema, verdict.table) in signal:
+            continue  # cdcd never captures its own signal table, even FOR ALL TABLES
         yield _table_check(plan, verdict)
+        if verdict.relation is not None and verdict.relation.kind == "p":
+            yield _partition_check(config, verdict)
+
+
+def _publication_settings(
+    config: CdcdConfig, plan: PublicationPlan, version: int
+) -> Iterator[CheckResult]:
+    """Origin, the validation problems and the drift, as ``run`` will meet them."""
+    pg = config.postgres
+    if pg.origin == "none":
+        yield CheckResult(
+            True,
+            "origin: none, changes applied by replication (a subscription's, with a "
+            "replication origin) are not captured",
+        )
+    else:
+        yield CheckResult(True, "origin: any, every change is captured")
+    for problem in plan.problems:
+        yield CheckResult(False, str(problem), config=True)
+    if not plan.drift:
+        return
+    if plan.reconcile:
+        for drift in plan.drift:
+            yield CheckResult(
+                True,
+                f"{drift.describe(plan.name)}; `cdcd run` changes it (cdcd's own publication)",
+            )
+        return
+    error = plan.drift_error()
+    if error is not None:
+        yield CheckResult(False, str(error))
+
+
+def _partition_check(config: CdcdConfig, verdict: TableVerdict) -> CheckResult:
+    """Where a partitioned table's changes go (publish_via_partition_root)."""
+    relation = verdict.relation
+    count = len(relation.partitions) if relation else 0
+    if config.postgres.publish_via_partition_root:
+        topic = table_topic(config.kafka.topic_prefix, verdict.schema, verdict.table)
+        return CheckResult(
+            True,
+            f"partitioned table {verdict.name}: its {count} partitions publish to its own "
+            f"topic {topic} (publish_via_partition_root: true)",
+        )
+    return CheckResult(
+        True,
+        f"partitioned table {verdict.name}: each partition gets its own topic "
+        f"(publish_via_partition_root: false; {count} partitions)",
+    )
 
 
 def _table_check(plan: PublicationPlan, verdict: TableVerdict) -> CheckResult:
     """One table's line: the same text ``run`` refuses it with, or what ``run`` will do."""
     line = f"table {verdict.name}: {verdict.detail}"
+    if verdict.spec.where is not None or verdict.spec.columns is not None:
+        line += (
+            f"; row filter {describe_filter(verdict.spec.where)}, "
+            f"columns {describe_columns(verdict.spec.columns)}"
+        )
     if verdict.action == MISSING:
         return CheckResult(False, str(missing_tables_error([verdict.name])), config=True)
     if verdict.action == REFUSE:
@@ -710,13 +785,22 @@ def table_schemas(config: CdcdConfig) -> list[dict[str, Any]]:
             key_lookup=db.primary_key,
             dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
         )
+        overrides = topic_overrides(pg)
         out = []
         for schema, table in tables:
-            version, _ = relations.on_relation(relation_from_catalog(db, schema, table))
-            topic = table_topic(config.kafka.topic_prefix, schema, table)
+            name = format_table(schema, table)
+            # What the stream will carry: the publication's columns (or the
+            # configured list, before cdcd created its publication).
+            relation, _ = published_relation(
+                db, schema, table, pg.publication, pg.table_config(name).columns
+            )
+            version, _ = relations.on_relation(relation)
+            topic = overrides.get((schema, table)) or table_topic(
+                config.kafka.topic_prefix, schema, table
+            )
             out.append(
                 {
-                    "table": format_table(schema, table),
+                    "table": name,
                     "topic": topic,
                     "key": key_schema(topic, version),
                     "value": envelope_schema(topic, version),

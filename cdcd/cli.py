@@ -52,10 +52,30 @@ def build_parser() -> argparse.ArgumentParser:
     from cdcd.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
-    mirror = sub.add_parser("mirror", help="keep Parquet mirrors of the tables with Spark")
+    mirror = sub.add_parser("mirror", help="keep Delta Lake mirrors of the tables with Spark")
     _config_arg(mirror)
-    mirror.add_argument("--output", required=True, metavar="DIR")
-    mirror.add_argument("--once", action="store_true")
+    mirror.add_argument(
+        "--output", required=True, metavar="DIR|URI", help="a local directory or object-store URI"
+    )
+    mirror.add_argument("--once", action="store_true", help="catch up, then exit")
+    mirror.add_argument(
+        "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        help="a delta-rs storage option for an object-store --output (repeatable)",
+    )  # fmt: skip
+    mirror.add_argument(
+        "--checkpoint", metavar="DIR",
+        help="Spark's checkpoint (default DIR/.cdcd-mirror/checkpoint; needed for a URI --output)",
+    )  # fmt: skip
+    mirror.add_argument(
+        "--optimize", action="store_true", help="compact the tables, Z-order by key, and exit"
+    )
+    mirror.add_argument(
+        "--vacuum", action="store_true", help="delete files old versions no longer need, and exit"
+    )
+    mirror.add_argument(
+        "--retention-hours", type=int, default=168, metavar="H",
+        help="--vacuum keeps the files of the versions of the last H hours (default 168)",
+    )  # fmt: skip
     snapshot = sub.add_parser("snapshot", help="request an incremental snapshot of a table")
     _config_arg(snapshot)
     snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE")
@@ -165,7 +185,7 @@ def cmd_resync(args: argparse.Namespace) -> int:
 # extra that installs them (pyproject.toml). Only these may be missing: any
 # other ImportError is a broken installation or a bug and propagates as is.
 _EXTRAS: dict[str, tuple[str, frozenset[str]]] = {
-    "mirror": ("spark", frozenset({"pyspark", "pyarrow", "pandas"})),
+    "mirror": ("spark", frozenset({"pyspark", "pyarrow", "pandas", "deltalake"})),
 }
 
 

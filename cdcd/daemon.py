@@ -19,10 +19,11 @@ reports STOPPING on shutdown; without systemd these are no-ops.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import FrameType
 
 import psycopg2
@@ -49,6 +50,27 @@ BACKOFF_RESET_AFTER_S = 60.0
 #: this long, then the daemon exits 1 (not 3: a server that is down may come
 #: back, so systemd/Kubernetes restart policies take over).
 STARTUP_RETRY_S = 30.0
+#: Test hook, not a setting: the integration tests set this environment
+#: variable (seconds) so that a check of the exit-1 path does not sit through
+#: the whole window. Read once per daemon; unset in production.
+STARTUP_RETRY_ENV = "CDCD_TEST_STARTUP_RETRY_S"
+
+
+def startup_retry_s(environ: Mapping[str, str] | None = None) -> float:
+    """The startup retry window: :data:`STARTUP_RETRY_S` unless the test hook sets it."""
+    raw = (os.environ if environ is None else environ).get(STARTUP_RETRY_ENV, "").strip()
+    if not raw:
+        return STARTUP_RETRY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= STARTUP_RETRY_S:
+        raise ConfigError(
+            f"{STARTUP_RETRY_ENV}={raw!r}: not a number of seconds in (0, {STARTUP_RETRY_S:.0f}]",
+            hint=f"unset {STARTUP_RETRY_ENV} (a test hook)",
+        )
+    return value
 
 
 #: The exception types behind a transient error, most specific first: the
@@ -158,6 +180,7 @@ class Daemon:
 
     def run(self) -> int:
         """Run sessions until stopped; returns the exit code."""
+        retry_window_s = startup_retry_s()
         listen = self.config.metrics.listen
         try:
             self.server = start_http(listen, self.metrics, self.health)
@@ -186,12 +209,12 @@ class Daemon:
                     if self.stop.is_set():
                         break
                     if not self.state.ever_streamed and (
-                        time.monotonic() - daemon_started + backoff > STARTUP_RETRY_S
+                        time.monotonic() - daemon_started + backoff > retry_window_s
                     ):
                         remedy = getattr(exc, "hint", None)  # e.g. SlotInUseError knows what to do
                         raise StartupRetriesExhausted(
                             f"{getattr(exc, 'message', exc)} "
-                            f"(still failing after {STARTUP_RETRY_S:.0f} s of retries at startup)",
+                            f"(still failing after {retry_window_s:.0f} s of retries at startup)",
                             hint=remedy or "check postgres.dsn and kafka.bootstrap_servers",
                         ) from exc
                     if time.monotonic() - started > BACKOFF_RESET_AFTER_S:

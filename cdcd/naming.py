@@ -24,6 +24,7 @@ its inverse.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import re
 from collections.abc import Mapping
@@ -178,6 +179,48 @@ def parse_table(text: str, *, default_schema: str | None = None) -> tuple[str, s
         if single is not None:
             return default_schema, _unquote(single.group(1))
     return None
+
+
+def table_globs(text: str) -> tuple[str, str] | None:
+    """A ``postgres.tables`` pattern (``public.*``, ``sales.order_?``) as two fnmatch globs.
+
+    None when ``text`` is no pattern: neither unquoted part holds ``*`` or
+    ``?``. A quoted part is matched literally, wildcards and all.
+    """
+    match = _QUALIFIED.fullmatch(text)
+    if match is None:
+        return None
+    parts = match.group(1), match.group(2)
+    if not any(not p.startswith('"') and ("*" in p or "?" in p) for p in parts):
+        return None
+    return tuple(  # type: ignore[return-value]
+        re.sub(r"([\[\]*?])", r"[\1]", _unquote(p)) if p.startswith('"') else p for p in parts
+    )
+
+
+def matches_table(globs: tuple[str, str], schema: str, table: str) -> bool:
+    """Whether ``schema.table`` is one of the tables the pattern's globs name (case-sensitive)."""
+    return fnmatch.fnmatchcase(schema, globs[0]) and fnmatch.fnmatchcase(table, globs[1])
+
+
+def topic_glob_regex(glob: str) -> str:
+    """A :func:`table_globs` glob as a regex over one topic name component (no ``.`` inside)."""
+    out = []
+    i = 0
+    while i < len(glob):
+        char = glob[i]
+        end = glob.find("]", i + 2) if char == "[" else -1
+        if char == "*":
+            out.append("[^.]*")
+        elif char == "?":
+            out.append("[^.]")
+        elif end != -1:
+            out.append(re.escape(glob[i + 1 : end]) if end == i + 2 else glob[i : end + 1])
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return "".join(out)
 
 
 def split_table(text: str, *, default_schema: str | None = None) -> tuple[str, str]:

@@ -49,7 +49,7 @@ def _unload(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     [
         ("demo", "cdcd.demo", "cdcd.local.workload"),
         ("bench", "cdcd.bench", "cdcd.local.workload"),
-        ("mirror", "cdcd.spark.cli", "cdcd.naming"),
+        ("mirror", "cdcd.spark.cli", "cdcd.errors"),
     ],
 )
 def test_an_import_error_inside_a_command_propagates(
@@ -96,7 +96,7 @@ def test_mirror_with_an_unusable_pyarrow_says_so(monkeypatch: pytest.MonkeyPatch
     _unload(monkeypatch, "cdcd.spark.cli")
 
     def fails(name: str, fromlist: tuple[str, ...]) -> ImportError | None:
-        if name == "cdcd.naming":
+        if name == "cdcd.errors":
             return ImportError("cannot import name 'compute' from 'pyarrow'", name="pyarrow")
         return None
 

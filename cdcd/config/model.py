@@ -18,16 +18,32 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 # redact_dsn is re-exported: check and the source connection import it from here.
 from cdcd.config.dsn import redact_dsn as redact_dsn
 from cdcd.config.dsn import substitute_dsn
 from cdcd.errors import ConfigError
-from cdcd.naming import parse_table
+from cdcd.naming import (
+    format_table,
+    matches_table,
+    parse_table,
+    table_globs,
+    table_topic,
+    table_topic_pattern,
+    topic_glob_regex,
+)
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 #: librdkafka producer properties that hold secrets (passwords, client
@@ -44,12 +60,61 @@ class _Model(BaseModel):
 class TableConfig(_Model):
     """One ``postgres.tables`` entry written as a mapping instead of a plain name."""
 
-    name: str = Field(description="schema.table")
+    name: str = Field(
+        description="schema.table, or a pattern whose unquoted parts may hold * and ? "
+        "(public.*), expanded against the catalog at startup"
+    )
+    where: str | None = Field(
+        None,
+        min_length=1,
+        description="PostgreSQL 15+: row filter, a SQL boolean expression over the table's "
+        "columns (the publication's WHERE); with UPDATE/DELETE published it may only use "
+        "replica identity columns. A row that stops matching is a delete downstream, one "
+        "that starts matching a create; snapshots apply the same filter",
+    )
+    columns: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="PostgreSQL 15+: column list, the only columns published (and in the Avro "
+        "schemas and snapshots); must include every replica identity column",
+    )
+    topic: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Kafka topic of this table instead of <prefix>.<schema>.<table> "
+        "(not on a pattern)",
+    )
     replica_identity: Literal["full"] | None = Field(
         None,
         description="full: cdcd sets REPLICA IDENTITY FULL on a table that has no primary key "
         "or identity index (an explicit opt-in; otherwise such a table is refused)",
     )
+
+    @field_validator("columns")
+    @classmethod
+    def _check_columns(cls, columns: list[str] | None) -> list[str] | None:
+        if columns is not None and len(set(columns)) != len(columns):
+            raise ValueError("a column is listed twice")
+        return columns
+
+    @property
+    def globs(self) -> tuple[str, str] | None:
+        """The pattern's globs; None when ``name`` names one table."""
+        return table_globs(self.name)
+
+
+def _entry_kind(value: Any) -> str:
+    return "TableConfig" if isinstance(value, dict | TableConfig) else "str"
+
+
+#: One ``postgres.tables`` entry; the discriminator keeps a mapping's error
+#: from being reported as "should be a valid string".
+TableEntry = Annotated[
+    Annotated[str, Tag("str")] | Annotated[TableConfig, Tag("TableConfig")],
+    Discriminator(_entry_kind),
+]
 
 
 class PostgresConfig(_Model):
@@ -62,10 +127,25 @@ class PostgresConfig(_Model):
     create_slot: bool = Field(True, description="create the slot if it does not exist")
     publication: str = Field("cdcd", min_length=1, max_length=63, description="publication name")
     create_publication: bool = Field(True, description="create the publication if missing")
-    tables: list[str | TableConfig] | None = Field(
+    tables: list[TableEntry] | None = Field(
         None,
-        description="schema.table names (or {name: ..., replica_identity: full} entries) to "
-        "capture; omitted: every table of the publication",
+        description="schema.table names or patterns (public.*), or {name, where, columns, "
+        "topic, replica_identity} entries, to capture; omitted: every table of the publication",
+    )
+    publish_via_partition_root: bool = Field(
+        True,
+        description="a partitioned table's changes (and snapshot) go to the root table's topic; "
+        "false: each leaf partition has its own topic",
+    )
+    origin: Literal["any", "none"] = Field(
+        "any",
+        description="PostgreSQL 16+: none skips changes that came from replication (another "
+        "node's subscription), so bidirectional setups do not loop; refused on older servers",
+    )
+    publish_generated_columns: bool = Field(
+        False,
+        description="PostgreSQL 18+: publish stored generated columns (publication option "
+        "publish_generated_columns = stored); refused on older servers",
     )
     failover: bool = Field(
         False,
@@ -108,15 +188,17 @@ class PostgresConfig(_Model):
     ) -> list[str | TableConfig] | None:
         if tables is None:
             return None
-        names = [entry if isinstance(entry, str) else entry.name for entry in tables]
         parsed = []
-        for name in names:
+        for entry in tables:
+            name = entry if isinstance(entry, str) else entry.name
             qualified = parse_table(name)
             if qualified is None:
                 raise ValueError(
                     f"{name!r} is not schema.table (double-quote a name containing "
                     '"." or \'"\'; a " inside quotes is written "")'
                 )
+            if isinstance(entry, TableConfig) and entry.topic and entry.globs:
+                raise ValueError(f"{name!r} is a pattern: topic names one table's topic")
             parsed.append(qualified)
         # Compared as names, not spellings: public.t and "public".t are one table.
         if len(set(parsed)) != len(parsed):
@@ -131,14 +213,32 @@ class PostgresConfig(_Model):
         return [entry if isinstance(entry, str) else entry.name for entry in self.tables]
 
     def table_config(self, name: str) -> TableConfig:
-        """The per-table settings of ``name`` (defaults for a plain string entry)."""
+        """The per-table settings of ``name`` (defaults for a plain string entry).
+
+        An entry naming the table itself wins over a pattern that matches it;
+        among patterns, the first listed.
+        """
         wanted = parse_table(name)
-        for entry in self.tables or ():
-            if isinstance(entry, TableConfig) and (
+        entries = [e for e in self.tables or () if isinstance(e, TableConfig)]
+        for entry in entries:
+            if entry.globs is None and (
                 entry.name == name or (wanted is not None and parse_table(entry.name) == wanted)
             ):
                 return entry
+        if wanted is not None and not any(
+            isinstance(e, str) and parse_table(e) == wanted for e in self.tables or ()
+        ):
+            for entry in entries:
+                globs = entry.globs
+                if globs is not None and matches_table(globs, *wanted):
+                    return entry
         return TableConfig(name=name)
+
+    @property
+    def patterns(self) -> list[str]:
+        """The ``postgres.tables`` entries that are patterns, in order."""
+        names = [e if isinstance(e, str) else e.name for e in self.tables or ()]
+        return [n for n in names if table_globs(n) is not None]
 
 
 class KafkaConfig(_Model):
@@ -214,7 +314,9 @@ class MetricsConfig(_Model):
         5.0,
         gt=0,
         le=300,
-        description="how often cdcd_slot_lag_bytes is measured (one query on the source)",
+        description="how often the slot metrics (cdcd_slot_lag_bytes, cdcd_slot_retained_wal_bytes, "
+        "cdcd_slot_wal_status, cdcd_slot_wal_keep_size_bytes, "
+        "cdcd_slot_inactive_since_timestamp_seconds) are measured: two queries on the source",
     )
 
     @field_validator("listen")
@@ -247,6 +349,43 @@ class CdcdConfig(_Model):
     schema_changes: SchemaChangesConfig = Field(default_factory=lambda: SchemaChangesConfig())
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     heartbeat: HeartbeatConfig = Field(default_factory=lambda: HeartbeatConfig())
+
+    def table_topic(self, schema: str, table: str) -> str:
+        """The topic of ``schema.table``: its entry's ``topic``, else ``<prefix>.<schema>.<table>``."""
+        entry = self.postgres.table_config(format_table(schema, table))
+        if entry.topic and entry.globs is None:
+            return entry.topic
+        return table_topic(self.kafka.topic_prefix, schema, table)
+
+    def subscription(self) -> tuple[list[str], str | None]:
+        """What a consumer of every captured table subscribes to: topics, or a regex.
+
+        Listed tables give their topics. A pattern entry (``public.*``) or no
+        list at all needs a regex, since the tables it expands to are known
+        only to the catalog: the pattern's globs over the topic name's two
+        components (a name that a topic has to rewrite, see
+        :mod:`cdcd.naming`, is not matched by a pattern).
+        """
+        tables = self.postgres.tables
+        prefix = re.escape(self.kafka.topic_prefix)
+        if not tables:
+            return [], table_topic_pattern(self.kafka.topic_prefix)
+        topics: list[str] = []
+        regexes: list[str] = []
+        for entry in tables:
+            name = entry if isinstance(entry, str) else entry.name
+            globs = table_globs(name)
+            if globs is None:
+                parsed = parse_table(name)
+                assert parsed is not None  # validated
+                topics.append(self.table_topic(*parsed))
+            else:
+                schema_re, table_re = (topic_glob_regex(g) for g in globs)
+                regexes.append(rf"{prefix}\.{schema_re}\.{table_re}")
+        if not regexes:
+            return topics, None
+        regexes += [re.escape(t) for t in topics]
+        return [], "^(?:" + "|".join(regexes) + ")$"
 
     def redacted(self) -> dict[str, Any]:
         """The configuration as a dict with every secret masked."""

@@ -18,7 +18,7 @@ import sys
 import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel
@@ -48,6 +48,8 @@ def type_name(annotation: Any) -> str:
         return _SCALARS[annotation]
     origin = get_origin(annotation)
     args = get_args(annotation)
+    if origin is Annotated:  # a tagged union member: the type under its metadata
+        return type_name(args[0])
     if origin is Literal:
         return "one of " + ", ".join(f"`{_literal(a)}`" for a in args)
     if origin in (Union, types.UnionType):

@@ -17,7 +17,7 @@ none, so for those two the key is the primary key looked up in the catalog
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +149,11 @@ class RelationCache:
         self._current[message.relation_id] = version
         self._shapes[message.relation_id] = shape
         return version, True
+
+    @property
+    def current(self) -> Mapping[int, TableVersion]:
+        """The live mapping of relation id to current version (for a lookup per row, not a call)."""
+        return self._current
 
     def get(self, relation_id: int) -> TableVersion:
         try:

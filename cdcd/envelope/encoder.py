@@ -30,7 +30,7 @@ pgoutput for them, so one is a protocol violation, not data to convert.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from cdcd import __version__
@@ -337,14 +337,21 @@ def _failed_column(encoder: TableEncoder, data: TupleData, fill: TupleData | Non
 class EnvelopeEncoder:
     """Table encoders by relation version; builds each once, on first use."""
 
-    def __init__(self, topic_prefix: str, database: str, wire: WireFormat) -> None:
+    def __init__(
+        self,
+        topic_prefix: str,
+        database: str,
+        wire: WireFormat,
+        topics: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
         self.topic_prefix = topic_prefix
         self.database = database
         self.wire = wire
+        self._topics = dict(topics or {})  # (schema, table) -> a configured topic
         self._encoders: dict[tuple[int, int, bool], TableEncoder] = {}
 
     def topic_for(self, schema: str, table: str) -> str:
-        return table_topic(self.topic_prefix, schema, table)
+        return self._topics.get((schema, table)) or table_topic(self.topic_prefix, schema, table)
 
     def for_table(self, table: TableVersion) -> TableEncoder:
         key = table.cache_key

@@ -74,6 +74,7 @@ from cdcd.protocol.messages import (
     Update,
     pg_timestamp_to_unix_ms,
 )
+from cdcd.sink.producer import DIRECT_PRODUCE_ERRORS, DirectProduce
 from cdcd.snapshot.publisher import KeyRecorder
 from cdcd.source.markers import MarkerTransactions
 
@@ -100,7 +101,11 @@ _C, _U, _D, _T = range(4)
 
 
 class Producer(Protocol):
-    """What the publisher needs of a Kafka sink (``cdcd.sink.producer.KafkaSink``)."""
+    """What the publisher needs of a Kafka sink (``cdcd.sink.producer.KafkaSink``).
+
+    A sink may also have ``produce_direct`` (``KafkaSink.produce_direct``):
+    the library's own produce call, which inserts take when it is there.
+    """
 
     def produce(
         self,
@@ -153,6 +158,11 @@ class Publisher:
         self._ticket: TxnTicket | None = None
         self._stamp: TxnStamp | None = None
         self._seq = 0
+        # Per transaction, for row(): attribute reads instead of a bound
+        # method and a tuple built per row.
+        self._on_delivery: Callable[[Any, Any], None] | None = None
+        self._lsn_header: tuple[str, bytes] = (LSN_HEADER, b"")
+        self._direct: DirectProduce | None = None
         self._holds: dict[str, Hold] = {}
         self._included: dict[tuple[int, int, bool], TableEncoder | None] = {}
         # The table of the previous row, its encoder and its counts:
@@ -255,6 +265,16 @@ class Publisher:
         except DefiniteError as exc:
             raise _in_transaction(exc, stamp) from exc
 
+    def _produce(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers, stamp: TxnStamp
+    ) -> None:
+        on_delivery = self._on_delivery
+        assert on_delivery is not None
+        try:
+            self._producer.produce(topic, key, value, headers, on_delivery)
+        except DefiniteError as exc:
+            raise _in_transaction(exc, stamp) from exc
+
     def flush_metrics(self) -> None:
         """Add the changes and transactions published since the last call to the metrics.
 
@@ -292,9 +312,12 @@ class Publisher:
 
     def begin_transaction(self, xid: int, commit_lsn: Lsn, commit_ts: int) -> None:
         commit_ms = pg_timestamp_to_unix_ms(commit_ts)
-        self._ticket = self._tracker.open(commit_ts=commit_ms)
-        self._stamp = make_stamp(xid, commit_lsn, commit_ms)
+        ticket = self._ticket = self._tracker.open(commit_ts=commit_ms)
+        stamp = self._stamp = make_stamp(xid, commit_lsn, commit_ms)
         self._seq = 0
+        self._on_delivery = ticket.on_delivery
+        self._lsn_header = (LSN_HEADER, stamp.lsn_header)
+        self._direct = getattr(self._producer, "produce_direct", None)
         if self._transaction_records:
             # The END record counts this transaction's changes: growth from here.
             self._txn_base = {key: sum(counts) for key, counts in self._counts.items()}
@@ -318,26 +341,25 @@ class Publisher:
             return
         kind = type(message)
         if kind is Insert:
-            # Nearly every row: _send inlined (a Python call less per row).
+            # Nearly every row: _send inlined (a Python call less per row),
+            # and the library's produce called directly when the sink has it.
             ticket, stamp, seq = self._ticket, self._stamp, self._seq
             if ticket is None or stamp is None:
                 raise DefiniteError("change outside a transaction", hint="this is a bug; report it")
             key, value = encoder.encode_change(OP_CREATE, None, message.new, stamp, seq)  # type: ignore[union-attr]
             self._seq = seq + 1
             ticket.add()
-            try:
-                self._producer.produce(
-                    encoder.topic,
-                    key,
-                    value,
-                    [
-                        (LSN_HEADER, stamp.lsn_header),
-                        _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else _seq_header(seq),
-                    ],
-                    ticket.on_delivery,
-                )
-            except DefiniteError as exc:
-                raise _in_transaction(exc, stamp) from exc
+            headers = [self._lsn_header, _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else _seq_header(seq)]
+            direct = self._direct
+            if direct is not None:
+                try:
+                    direct(encoder.topic, value, key, -1, self._on_delivery, None, 0, headers)
+                except DIRECT_PRODUCE_ERRORS:
+                    # A full queue or a refused message: the sink's produce
+                    # waits for space or raises the classified error.
+                    self._produce(encoder.topic, key, value, headers, stamp)
+            else:
+                self._produce(encoder.topic, key, value, headers, stamp)
             self._last_counts[_C] += 1  # table is now self._last_table
             return
         counts = self._last_counts
@@ -448,6 +470,7 @@ class Publisher:
         ticket.seal(end_lsn)
         self._ticket = None
         self._stamp = None
+        self._on_delivery = None
         self.transactions += 1
         self._unreported_transactions += 1
 
@@ -589,6 +612,17 @@ class Publisher:
         finally:
             self._stamp = stamp
         return ticket, sent
+
+    def snapshot_truncate(self, encoder: TableEncoder) -> None:
+        """A truncate envelope (op=t) for ``encoder``'s table inside the current transaction.
+
+        A re-snapshot after a row filter change starts with it: consumers drop
+        rows the new filter leaves out, then the snapshot brings those it takes in.
+        """
+        stamp = self._stamp
+        if self._ticket is None or stamp is None:
+            raise DefiniteError("snapshot truncate outside a transaction", hint="this is a bug; report it")
+        self._send(encoder.topic, None, encoder.envelope(OP_TRUNCATE, None, None, stamp, self._seq))
 
     def _produce_reads(
         self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None

@@ -64,7 +64,7 @@ from cdcd.pipeline.schema_changes import SchemaChanges
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Truncate
 from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import check_broker, ensure_topics, topic_spec
+from cdcd.sink.topics import check_broker, ensure_topics, topic_overrides, topic_spec
 from cdcd.snapshot.rows import plan_table
 from cdcd.snapshot.store import CANCELLED, PENDING, RUNNING, SignalTable
 from cdcd.source.catalog import PgCatalog, column_dimensions
@@ -224,7 +224,7 @@ class ResyncResult:
 def _captured(config: CdcdConfig, db: SourceDatabase, signals: SignalTable) -> list[str]:
     pg = config.postgres
     if pg.table_names:
-        names = [split_table(t) for t in pg.table_names]
+        names = db.resolve_tables(pg, exclude=[(signals.schema, signals.table)])
     else:
         names = db.publication_tables(pg.publication)
     return [format_table(s, t) for s, t in names if (s, t) != (signals.schema, signals.table)]
@@ -322,7 +322,9 @@ def _truncate_topics(
         publisher = Publisher(
             sink,
             tracker,
-            EnvelopeEncoder(kafka.topic_prefix, db.database, wire),
+            EnvelopeEncoder(
+                kafka.topic_prefix, db.database, wire, topics=topic_overrides(config.postgres)
+            ),
             wire,
             include=lambda schema, table: True,
             ensure_topic=ensure,

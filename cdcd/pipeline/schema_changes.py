@@ -58,6 +58,7 @@ import io
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,7 +71,12 @@ from cdcd.decode.values import column_codec
 from cdcd.naming import format_table
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.lsn import Lsn
-from cdcd.snapshot.store import SignalTable, SignalTableGone, SignalTableUnavailable
+from cdcd.snapshot.store import (
+    TRUNCATE_FIRST,
+    SignalTable,
+    SignalTableGone,
+    SignalTableUnavailable,
+)
 from cdcd.source.database import SourceDatabase
 
 __all__ = [
@@ -96,8 +102,14 @@ TYPE = "type_change"
 TYPE_REWRITE = "type_change_rewrite"
 RECREATE = "recreate"
 IDENTITY = "identity"
+PUBLISH = "column_published"  # an existing column joined the publication's column list
+UNPUBLISH = "column_unpublished"  # a column left it (still in the table)
+ROW_FILTER = "row_filter"  # the publication's row filter of the table changed
 UNKNOWN = "unknown"
-KINDS = (ADD_DEFAULT, ADD_NULL, ADD_REWRITE, DROP, RENAME, TYPE, TYPE_REWRITE, RECREATE, IDENTITY, UNKNOWN)
+KINDS = (
+    ADD_DEFAULT, ADD_NULL, ADD_REWRITE, DROP, RENAME, TYPE, TYPE_REWRITE, RECREATE, IDENTITY,
+    PUBLISH, UNPUBLISH, ROW_FILTER, UNKNOWN,
+)
 
 STATE_TYPE = "schema-state"  # signal-table rows that hold a table's state (never a job)
 HEAL_ID_PREFIX = "schema-change:"
@@ -169,6 +181,14 @@ class TableState:
     #: Names of dropped columns: older records carry them, so a new column by
     #: one of these names would resolve old values (it heals instead).
     retired: tuple[str, ...] = ()
+    #: attnums of table columns the stream did not carry (a publication column
+    #: list, generated columns): one that appears later held values all along,
+    #: which no record has, unlike a column added by ALTER TABLE (it heals).
+    unpublished: tuple[int, ...] = ()
+    #: The publication's row filter when the state was recorded (SQL; None:
+    #: none), meaningful only when ``filter_known``.
+    row_filter: str | None = None
+    filter_known: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -180,6 +200,8 @@ class TableState:
             "key": list(self.key),
             "columns": [c.to_json() for c in self.columns],
             "recreated_lsn": self.recreated_lsn,
+            "unpublished": list(self.unpublished),
+            **({"row_filter": {"where": self.row_filter}} if self.filter_known else {}),
         }
 
     @classmethod
@@ -194,6 +216,9 @@ class TableState:
             columns=tuple(ColumnState.from_json(c) for c in data["columns"]),
             recreated_lsn=data.get("recreated_lsn"),
             retired=tuple(str(r) for r in data.get("retired", ())),
+            unpublished=tuple(int(a) for a in data.get("unpublished", ())),
+            row_filter=(data.get("row_filter") or {}).get("where"),
+            filter_known="row_filter" in data,
         )
 
     def shape(self) -> tuple[object, ...]:
@@ -229,6 +254,7 @@ class CatalogColumn:
     type_modifier: int
     default: ColumnDefault | None  # from attmissingval; None: no fast default
     missing_unexpressible: bool = False  # has a fast default Avro cannot carry
+    generated: bool = False  # GENERATED ALWAYS AS (...) STORED
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,9 +262,30 @@ class CatalogTable:
     relid: int
     storage: tuple[int, ...]
     columns: tuple[CatalogColumn, ...]
+    #: The publication's column names for the table (pg_publication_tables.attnames,
+    #: PostgreSQL 15+); None: not known.
+    published: frozenset[str] | None = None
+    row_filter: str | None = None  # the publication's row filter for the table
+    filter_known: bool = False  # PostgreSQL 15+ and the publication lists the table
 
     def by_name(self) -> dict[str, CatalogColumn]:
         return {c.name: c for c in self.columns}
+
+    def unpublished(self, version: TableVersion) -> tuple[int, ...]:
+        """attnums of columns the stream leaves out because the publication does.
+
+        A generated column, or one outside the publication's column list; not
+        one the catalog has only because it is ahead of the stream (an ADD
+        COLUMN the stream has not reached is in the publication already,
+        unless a column list leaves it out).
+        """
+        sent = {c.name for c in version.columns}
+        return tuple(
+            c.attnum
+            for c in self.columns
+            if c.name not in sent
+            and (c.generated or (self.published is not None and c.name not in self.published))
+        )
 
 
 # ----------------------------------------------------------------------------- classification
@@ -301,6 +348,9 @@ def _baseline(
         key=_key_names(version),
         columns=tuple(columns),
         recreated_lsn=recreated_lsn,
+        unpublished=catalog.unpublished(version) if catalog is not None and matched else (),
+        row_filter=catalog.row_filter if catalog is not None else None,
+        filter_known=catalog is not None and catalog.filter_known,
     )
 
 
@@ -418,7 +468,14 @@ def _compare(
         default: ColumnDefault | None = None
         aliases: tuple[str, ...] = ()
         nullable = column.name not in keys
-        if old is None and (
+        if old is None and now.attnum in previous.unpublished:
+            # In the table all along, now in the publication's column list (or
+            # a generated column now published): rows hold values no record has.
+            kinds.append(PUBLISH)
+            details.append(f"{column.name} now published (it was in the table already)")
+            heal = True
+            default = None
+        elif old is None and (
             column.name in retired or any(column.name in c.aliases for c in previous.columns)
         ):
             # Older records carry a field by this name with another column's
@@ -474,9 +531,14 @@ def _compare(
                 nullable=nullable,
             )
         )
+    in_table = {c.attnum for c in catalog.columns}
     for old in dropped:
-        kinds.append(DROP)
-        details.append(f"{old.name} dropped")
+        if old.attnum in in_table:
+            kinds.append(UNPUBLISH)
+            details.append(f"{old.name} no longer published")
+        else:
+            kinds.append(DROP)
+            details.append(f"{old.name} dropped")
     if rewritten and not heal:
         # The table's files changed and nothing above explains why: a rewrite
         # cdcd cannot rule out (or a TRUNCATE/VACUUM FULL, which heals harmlessly).
@@ -490,6 +552,9 @@ def _compare(
         key=_key_names(version),
         columns=tuple(columns),
         retired=tuple(name for name in retired if name not in {c.name for c in columns}),
+        unpublished=catalog.unpublished(version),
+        row_filter=catalog.row_filter,
+        filter_known=catalog.filter_known,
     )
     unique = tuple(dict.fromkeys(kinds)) or (UNKNOWN,)
     return SchemaChange(state=state, kinds=unique, heal=heal, details=tuple(details), save=True)
@@ -566,7 +631,7 @@ WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 # matched by name, so extra catalog columns never disturb the comparison.
 _COLUMNS_SQL = """
 SELECT a.attnum, a.attname, a.atttypid, a.atttypmod, a.atthasmissing,
-  CASE WHEN a.atthasmissing THEN a.attmissingval::text END
+  CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attgenerated <> ''
 FROM pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
@@ -618,8 +683,10 @@ class SchemaChanges:
         slot: str,
         resnapshot: bool,
         metrics: Metrics | None = None,
+        publication: str | None = None,
     ) -> None:
         self._db = db
+        self._publication = publication
         self._catalog = catalog
         self._signals = signals
         self._slot = slot
@@ -628,6 +695,7 @@ class SchemaChanges:
         self._states: dict[str, TableState] = {}
         if signals is not None:
             self._load()
+            self._check_filters()
 
     # -- recorded states -------------------------------------------------------------
 
@@ -647,6 +715,43 @@ class SchemaChanges:
     def state(self, table: str) -> TableState | None:
         return self._states.get(table)
 
+    def _check_filters(self) -> None:
+        """Row filters changed since their tables' states were recorded: truncate and re-snapshot.
+
+        A filter change sends no new shape (pgoutput sends the same Relation
+        again), so it is looked for here, at start: where cdcd applies a
+        configured filter to its publication (before this runs), and after an
+        operator changed a publication cdcd does not own (which startup
+        requires to agree with postgres.tables). What consumers hold was
+        published under the old filter: rows it took in that the new one
+        leaves out must go, rows the new one takes in must come; so the
+        re-snapshot starts with a truncate (op=t) at its first chunk.
+        """
+        if self._publication is None or self._db.server_version < 150000:
+            return
+        current = {
+            format_table(str(s), str(t)): (str(f) if f is not None else None)
+            for s, t, f in self._db.query(
+                "SELECT schemaname, tablename, rowfilter FROM pg_publication_tables "
+                "WHERE pubname = %s",
+                (self._publication,),
+            )
+        }
+        for table, state in list(self._states.items()):
+            if not state.filter_known or table not in current or current[table] == state.row_filter:
+                continue
+            now = current[table]
+            change = SchemaChange(
+                state=replace(state, row_filter=now),
+                kinds=(ROW_FILTER,),
+                heal=True,
+                details=(f"row filter {state.row_filter or 'none'} -> {now or 'none'}",),
+                save=True,
+            )
+            self._report(table, change)
+            self._save(table, change, truncate_first=True)
+            self._states[table] = change.state
+
     # -- the catalog ------------------------------------------------------------------
 
     def _catalog_table(self, schema: str, table: str) -> CatalogTable | None:
@@ -656,7 +761,7 @@ class SchemaChanges:
         relid, _kind, filenode, leaves = rows[0]
         storage = tuple(int(x) for x in leaves) if leaves is not None else (int(filenode),)
         columns = []
-        for attnum, name, type_oid, typmod, has_missing, missing in self._db.query(
+        for attnum, name, type_oid, typmod, has_missing, missing, generated in self._db.query(
             _COLUMNS_SQL, (relid,)
         ):
             default: ColumnDefault | None = None
@@ -665,9 +770,29 @@ class SchemaChanges:
                 default = _missing_default(self._catalog, int(type_oid), int(typmod), str(missing))
                 unexpressible = default is None
             columns.append(
-                CatalogColumn(int(attnum), str(name), int(type_oid), int(typmod), default, unexpressible)
+                CatalogColumn(
+                    int(attnum), str(name), int(type_oid), int(typmod), default, unexpressible,
+                    bool(generated),
+                )
             )
-        return CatalogTable(int(relid), storage, tuple(columns))
+        published: frozenset[str] | None = None
+        row_filter: str | None = None
+        known = False
+        if self._publication is not None and self._db.server_version >= 150000:
+            found = self._db.query(
+                "SELECT attnames, rowfilter FROM pg_publication_tables "
+                "WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+                (self._publication, schema, table),
+            )
+            if found:
+                names, row_filter = found[0]
+                known = True
+                if names is not None:
+                    published = frozenset(str(n) for n in names)
+        return CatalogTable(
+            int(relid), storage, tuple(columns), published,
+            str(row_filter) if row_filter is not None else None, known,
+        )
 
     # -- the publisher's questions --------------------------------------------------
 
@@ -677,10 +802,30 @@ class SchemaChanges:
         previous = self._states.get(name)
         lsn = int(commit_lsn)
         change = classify(previous, version, self._catalog_for(version, previous, lsn), lsn)
+        filtered = (
+            change.save
+            and previous is not None
+            and previous.filter_known
+            and change.state.filter_known
+            and previous.row_filter != change.state.row_filter
+        )
+        if filtered:
+            # ALTER PUBLICATION … SET TABLE t (cols) WHERE (…): the new shape
+            # came with a new filter (see _check_filters).
+            assert previous is not None
+            change = replace(
+                change,
+                kinds=(*change.kinds, ROW_FILTER),
+                heal=True,
+                details=(
+                    *change.details,
+                    f"row filter {previous.row_filter or 'none'} -> {change.state.row_filter or 'none'}",
+                ),
+            )
         if change.kinds:
             self._report(name, change)
         if change.save:
-            self._save(name, change)
+            self._save(name, change, truncate_first=filtered)
         if not change.replay:
             self._states[name] = change.state
         return annotate(version, change.state), change.truncate
@@ -702,6 +847,8 @@ class SchemaChanges:
     def _report(self, table: str, change: SchemaChange) -> None:
         if change.truncate:
             action = "truncate emitted before the new table's first change"
+        elif ROW_FILTER in change.kinds and self._resnapshot and self._signals is not None:
+            action = "truncate and re-snapshot started"
         elif change.heal and self._resnapshot and self._signals is not None:
             action = "re-snapshot started"
         elif change.heal:
@@ -743,19 +890,22 @@ class SchemaChanges:
             for kind in change.kinds:
                 self._metrics.schema_change(table, kind)
 
-    def _save(self, table: str, change: SchemaChange) -> None:
+    def _save(self, table: str, change: SchemaChange, truncate_first: bool = False) -> None:
         if self._signals is None:
             return
         heal = None
         if change.heal and self._resnapshot:
-            heal = (
-                f"{HEAL_ID_PREFIX}{self._slot}:{table}:{change.state.lsn}",
-                {
-                    "data-collections": [table],
-                    "type": "incremental",
-                    "reason": f"schema change: {','.join(change.kinds)}",
-                },
-            )
+            data: dict[str, Any] = {
+                "data-collections": [table],
+                "type": "incremental",
+                "reason": f"schema change: {','.join(change.kinds)}",
+            }
+            heal_id = f"{HEAL_ID_PREFIX}{self._slot}:{table}:{change.state.lsn}"
+            if truncate_first:
+                data[TRUNCATE_FIRST] = [table]
+                # Found at start, not at a stream position: several may share one lsn.
+                heal_id += f":filter:{time.time_ns()}"
+            heal = (heal_id, data)
         try:
             self._signals.record(self._state_id(table), STATE_TYPE, change.state.to_json(), heal)
         except SignalTableGone as exc:

@@ -54,9 +54,10 @@ from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, topic_spec
+from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, topic_overrides, topic_spec
 from cdcd.snapshot.incremental import IncrementalSnapshots
 from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot, create_slot_with_snapshot
+from cdcd.snapshot.rows import published_units
 from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.database import SourceDatabase
@@ -106,8 +107,8 @@ class Session:
         self.metrics = metrics
         self.state = state or SessionState()
         self._on_streaming = on_streaming
-        pg = config.postgres
-        self._tables = {split_table(t) for t in pg.table_names} if pg.table_names else None
+        # postgres.tables with its patterns expanded, once connected (_run).
+        self._tables: set[tuple[str, str]] | None = None
         self._stream: ReplicationStream | None = None
         self._sink: KafkaSink | None = None
         self._db: SourceDatabase | None = None
@@ -121,6 +122,9 @@ class Session:
         self._sent_confirmed: Lsn | None = None
         self._age_confirmed: Lsn | None = None
         self._markers: MarkerTransactions | None = None
+        # Commit timestamps (ms) of transactions delivered since the last
+        # _observe_latency(): observed in one go after each poll.
+        self._delivered_ms: list[int] = []
 
     # -- setup ----------------------------------------------------------------------
 
@@ -131,7 +135,8 @@ class Session:
 
     def _captured_tables(self, db: SourceDatabase) -> list[tuple[str, str]]:
         pg = self.config.postgres
-        tables = [split_table(t) for t in pg.table_names] if pg.table_names else db.publication_tables(pg.publication)
+        tables = db.resolve_tables(pg) if pg.table_names else db.publication_tables(pg.publication)
+        tables = published_units(db, pg.publication, tables)
         return [(s, t) for s, t in tables if self._include(s, t)]
 
     def _ensure_topic(self, name: str) -> None:
@@ -198,11 +203,16 @@ class Session:
                 pg.status_interval_s,
                 timeout / 2,
             )
-        db.ensure_publication(pg)
         snap = cfg.snapshot
         two_phase = pg.protocol_version >= 3
         table = SignalTable(db, snap.signal_table)
         self._signal = (table.schema, table.table)
+        if pg.table_names:
+            self._tables = set(db.resolve_tables(pg, exclude=[self._signal]))
+        db.ensure_publication(pg, exclude=[self._signal])
+        if self._tables is not None:
+            # A partitioned table published per leaf: the stream carries its leaves.
+            self._tables |= set(published_units(db, pg.publication, sorted(self._tables)))
         if cfg.schema_changes.resnapshot == "auto":
             # Healing a rewrite is an incremental snapshot, and table states
             # must outlive the process: both live in the signal table.
@@ -250,7 +260,7 @@ class Session:
             if exported is not None:
                 exported.close()
         stream = ReplicationStream(
-            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.connect_timeout_s
+            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.connect_timeout_s, pg.origin
         )
         assert self._tracker is not None and self._sink is not None and self._assembler is not None
         try:
@@ -334,7 +344,9 @@ class Session:
             dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
             snapshot=True,
         )
-        encoder = EnvelopeEncoder(cfg.kafka.topic_prefix, db.database, wire)
+        encoder = EnvelopeEncoder(
+            cfg.kafka.topic_prefix, db.database, wire, topics=topic_overrides(pg)
+        )
         publisher = Publisher(
             sink,
             tracker,
@@ -351,6 +363,7 @@ class Session:
                 pg.slot,
                 resnapshot=cfg.schema_changes.resnapshot == "auto",
                 metrics=self.metrics,
+                publication=pg.publication,
             ),
         )
         publisher.use_markers(self._markers)
@@ -459,16 +472,13 @@ class Session:
         assert publisher is not None
         read_batch = stream.read_batch
         decode = decoder.decode
-        feed = assembler.feed
+        feed_batch = assembler.feed_batch
         snapshots = self._snapshots
         received = 0
         last_lsn = 0
         while not stop.is_set():
             batch = read_batch(_POLL_EVERY)
-            for message in batch:
-                payload = message.payload
-                feed(decode(payload), payload)
-                received += len(payload)
+            received += feed_batch(batch, decode)
             drained = len(batch) < _POLL_EVERY
             if batch:
                 last_lsn = batch[-1].data_start
@@ -476,6 +486,8 @@ class Session:
             sink.poll(0)
             if tracker.failure is not None:
                 raise tracker.failure
+            if self._delivered_ms:
+                self._observe_latency()
             if snapshots is not None:
                 snapshots.tick()
             if metrics is not None:
@@ -504,12 +516,17 @@ class Session:
                     # delivery reports. linger.ms only batches while there
                     # is a backlog, where batching is what keeps up.
                     sink.flush(_IN_FLIGHT_WAIT_S)
+                    if self._delivered_ms:
+                        self._observe_latency()
                 else:
                     stream.wait(self._idle_wait_s())
 
     # -- confirmation ----------------------------------------------------------------
 
     def _status_if_due(self, force: bool = False) -> None:
+        if self._delivered_ms:
+            # Every wait that serves delivery reports comes here.
+            self._observe_latency()
         stream, tracker = self._stream, self._tracker
         if stream is None or tracker is None or stream.closed:
             return
@@ -550,8 +567,17 @@ class Session:
         return self.stop.is_set()
 
     def _on_complete(self, ticket: TxnTicket) -> None:
+        # Called inside poll()/flush() (the tracker's latency hook): the
+        # delivery time is when that call returns, observed then.
         if self.metrics is not None and ticket.commit_ts is not None:
-            self.metrics.delivered(ticket.commit_ts / 1000.0)
+            self._delivered_ms.append(ticket.commit_ts)
+
+    def _observe_latency(self) -> None:
+        """Observe the commit-to-acknowledgement latency of the transactions delivered since last time."""
+        delivered = self._delivered_ms
+        if delivered and self.metrics is not None:
+            self._delivered_ms = []
+            self.metrics.delivered_many(delivered, time.time())
 
     def _heartbeat(self) -> None:
         if self._db is not None:

@@ -54,7 +54,9 @@ from cdcd.sink.reporter import KAFKA_REPORTER, KafkaLogReporter
 __all__ = [
     "FIXED_PROPERTIES",
     "PRODUCER_DEFAULTS",
+    "DIRECT_PRODUCE_ERRORS",
     "DeliveryCallback",
+    "DirectProduce",
     "KafkaSink",
     "ProducerFatalError",
     "build_producer_config",
@@ -67,6 +69,14 @@ _Headers = list[tuple[str, str | bytes | None]]  # what the stubs accept (list i
 
 DeliveryCallback = Callable[[Any, Any], None]
 """confluent-kafka ``on_delivery(err, msg)``."""
+
+DirectProduce = Callable[..., None]
+"""confluent-kafka's own ``Producer.produce``, called positionally as
+``(topic, value, key, partition, on_delivery, None, timestamp, headers)``
+(see :attr:`KafkaSink.produce_direct`)."""
+
+DIRECT_PRODUCE_ERRORS: tuple[type[Exception], ...] = (BufferError, KafkaException)
+"""What a :data:`DirectProduce` call raises; the caller then calls :meth:`KafkaSink.produce`."""
 
 FIXED_PROPERTIES: Mapping[str, str | int | float | bool] = {
     "enable.idempotence": True,
@@ -375,6 +385,23 @@ class KafkaSink:
             self._produce_blocking(topic, key, value, headers, on_delivery)
         except KafkaException as exc:
             raise self._produce_error(exc, topic, key, value) from exc
+
+    @property
+    def produce_direct(self) -> DirectProduce | None:
+        """confluent-kafka's ``produce`` itself, for the hot path; None while an outage is known.
+
+        It saves the Python frame of :meth:`produce` per message. Whatever it
+        raises (:data:`DIRECT_PRODUCE_ERRORS`: a full queue, a refused
+        message) the caller hands the same message to :meth:`produce`, which
+        waits for queue space or raises the classified error. While the
+        reporter knows of an outage it is None: :meth:`produce` then watches
+        deliveries for the one that says Kafka is reachable again. The
+        publisher fetches it once per transaction.
+        """
+        if self._reporter.outage:
+            return None
+        produce: DirectProduce = self._producer.produce
+        return produce
 
     def _watched(self, on_delivery: DeliveryCallback) -> DeliveryCallback:
         """``on_delivery`` that also tells the reporter when Kafka is reachable again.

@@ -63,6 +63,7 @@ says so; give the table a key to snapshot it incrementally with guarantees.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -79,8 +80,8 @@ import psycopg2.extensions
 from cdcd.ack.tracker import TxnTicket
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import TableEncoder
-from cdcd.errors import CdcdError, DefiniteError, TransientError
-from cdcd.naming import WATERMARK_PREFIX, split_table
+from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
+from cdcd.naming import WATERMARK_PREFIX, format_table, split_table
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.messages import LogicalMessage
 from cdcd.snapshot.progress import ProgressLog, TableProgress
@@ -94,12 +95,15 @@ from cdcd.snapshot.rows import (
     estimate_rows,
     key_text,
     plan_table,
+    published_leaves,
+    published_units,
     read_chunk,
 )
 from cdcd.snapshot.store import (
     CANCELLED,
     DONE,
     RUNNING,
+    TRUNCATE_FIRST,
     Job,
     SignalTable,
     SignalTableGone,
@@ -116,6 +120,27 @@ log = logging.getLogger("cdcd.snapshot")
 #: How often the signal table is read for new requests (and for cancellation),
 #: or, while it does not exist, looked up in the catalog.
 POLL_INTERVAL_S = 2.0
+#: Test hook, not a setting: the test suite sets this environment variable
+#: (seconds, up to the interval above) so that requested snapshots and heals
+#: start sooner; what is read and when it counts stays the same.
+POLL_INTERVAL_ENV = "CDCD_TEST_SNAPSHOT_POLL_INTERVAL_S"
+
+
+def poll_interval_s() -> float:
+    """:data:`POLL_INTERVAL_S` unless the test hook shortens it."""
+    raw = os.environ.get(POLL_INTERVAL_ENV, "").strip()
+    if not raw:
+        return POLL_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= POLL_INTERVAL_S:
+        raise ConfigError(
+            f"{POLL_INTERVAL_ENV}={raw!r}: not a number of seconds in (0, {POLL_INTERVAL_S:.0f}]",
+            hint=f"unset {POLL_INTERVAL_ENV} (a test hook)",
+        )
+    return value
 _XID_MASK = 0xFFFFFFFF
 
 
@@ -376,6 +401,7 @@ class IncrementalSnapshots:
         self._run_id = uuid.uuid4().hex[:12]
         self._chunk_no = 0
         self._next_poll = 0.0
+        self._poll_interval_s = poll_interval_s()
         self._job: Job | None = None
         self._job_log: ProgressLog | None = None
         self._tables: list[TableProgress] = []
@@ -407,7 +433,7 @@ class IncrementalSnapshots:
                 self._save_delivered()
             now = time.monotonic()
             if now >= self._next_poll:
-                self._next_poll = now + POLL_INTERVAL_S
+                self._next_poll = now + self._poll_interval_s
                 self._poll()
         except SignalTableGone as exc:
             self._table_gone(exc)
@@ -433,12 +459,12 @@ class IncrementalSnapshots:
                     obstacle = signals.cannot_create()
                     log.info(
                         "the snapshot signal table %s does not exist (streaming does not need it): "
-                        "incremental snapshots are unavailable until %s; cdcd looks for it every %.0f s",
+                        "incremental snapshots are unavailable until %s; cdcd looks for it every %g s",
                         signals.name,
                         f"a user allowed to creates it (this one cannot: {obstacle}; docs/snapshots.md)"
                         if obstacle
                         else "'cdcd snapshot' creates it",
-                        POLL_INTERVAL_S,
+                        self._poll_interval_s,
                     )
                     self._table_noted = True
                 return False
@@ -490,6 +516,14 @@ class IncrementalSnapshots:
             log.error("snapshot request %s rejected: %s", job.id, problem, extra={"job": job.id})
             self.signals.fail(job, problem)
             return
+        # A partitioned table published per leaf is snapshotted leaf by leaf,
+        # each into the leaf's topic, as the stream carries it.
+        job.tables = [
+            format_table(*unit)
+            for unit in published_units(
+                self.db, self.publication, [split_table(name) for name in job.tables]
+            )
+        ]
         job.progress.setdefault("slot", self.slot)
         job.progress["tables"] = job.tables
         job.progress.setdefault("done", [])
@@ -529,9 +563,10 @@ class IncrementalSnapshots:
                 return f"table {name} does not exist"
             if (schema, table) == (self.signals.schema, self.signals.table):
                 return f"{name} is the signal table"
-            if not self.include(schema, table):
+            leaves = published_leaves(self.db, self.publication, schema, table)
+            if not all(self.include(*unit) for unit in leaves or [(schema, table)]):
                 return f"table {name} is not captured (postgres.tables)"
-            if (schema, table) not in published:
+            if (schema, table) not in published and not leaves:
                 return (
                     f"table {name} is not in publication {self.publication}; "
                     f"ALTER PUBLICATION {self.publication} ADD TABLE {name} first"
@@ -678,6 +713,7 @@ class IncrementalSnapshots:
             return
         if kind == "low":
             self._window.low_seen = True
+            self._truncate_first()
             return
         if kind != "high":
             return
@@ -691,6 +727,29 @@ class IncrementalSnapshots:
                 f"high watermark of chunk {ident} arrived before its rows", hint="this is a bug; report it"
             )
         self._publish(request, request.chunk, request.visibility)
+
+    def _truncate_first(self) -> None:
+        """At the low watermark of a table's first chunk, a truncate if the job asks for one.
+
+        There, and not with the chunk's rows at the high watermark: stream
+        changes inside the window come after it and survive, the chunk then
+        fills in the rest. Recorded with the next chunk's progress; a crash
+        before that truncates again, which is harmless.
+        """
+        job, run = self._job, self._table
+        if job is None or run is None:
+            return
+        name = run.plan.name
+        truncated = list(job.progress.get("truncated") or [])
+        if name not in (job.progress.get(TRUNCATE_FIRST) or []) or name in truncated:
+            return
+        self.publisher.snapshot_truncate(run.encoder)
+        job.progress = {**job.progress, "truncated": [*truncated, name]}
+        log.info(
+            "truncate of %s published before its re-snapshot (its row filter changed)",
+            name,
+            extra={"job": job.id, "table": name},
+        )
 
     def _publish(self, request: ChunkRequest, chunk: Chunk, visibility: Visibility) -> None:
         job, run = self._job, self._table

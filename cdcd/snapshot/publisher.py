@@ -48,6 +48,10 @@ class SnapshotPublisher(Protocol):
         """Publish a chunk inside the current (high watermark) transaction."""
         ...
 
+    def snapshot_truncate(self, encoder: TableEncoder) -> None:
+        """Publish a truncate (op=t) of the table inside the current (low watermark) transaction."""
+        ...
+
     def on_watermark(self, handler: Callable[[LogicalMessage], None] | None) -> None:
         """Route ``cdcd.naming.WATERMARK_PREFIX`` messages to ``handler`` (None: drop them)."""
         ...

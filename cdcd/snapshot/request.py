@@ -12,6 +12,7 @@ from __future__ import annotations
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import ConfigError, DefiniteError
 from cdcd.naming import format_table, split_table
+from cdcd.snapshot.rows import published_leaves, published_units
 from cdcd.snapshot.store import SignalTable
 from cdcd.source.database import SourceDatabase
 
@@ -28,10 +29,14 @@ def request_snapshot(config: CdcdConfig, tables: list[str]) -> tuple[str, Signal
         except DefiniteError as exc:
             raise ConfigError(f"--table {name!r} is not schema.table") from exc
         names.append(format_table(schema, table))
-    captured = {split_table(t) for t in pg.table_names} if pg.table_names else None
     with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
+        exists = db.publication_exists(pg.publication)
+        captured = set(db.resolve_tables(pg)) if pg.table_names else None
+        if captured is not None and exists:
+            # A partitioned table published per leaf is captured as its leaves too.
+            captured |= set(published_units(db, pg.publication, sorted(captured)))
         signals = SignalTable(db, config.snapshot.signal_table)
-        published = set(db.publication_tables(pg.publication)) if db.publication_exists(pg.publication) else None
+        published = set(db.publication_tables(pg.publication)) if exists else None
         for name in names:
             schema, table = split_table(name)
             if not db.table_exists(schema, table):
@@ -40,7 +45,12 @@ def request_snapshot(config: CdcdConfig, tables: list[str]) -> tuple[str, Signal
                 raise DefiniteError(
                     f"table {name} is not captured", hint="add it to postgres.tables first"
                 )
-            if published is not None and (schema, table) not in published:
+            if (
+                published is not None
+                and (schema, table) not in published
+                # A partitioned table published per leaf: its leaves are snapshotted.
+                and not published_leaves(db, pg.publication, schema, table)
+            ):
                 raise DefiniteError(
                     f"table {name} is not in publication {pg.publication}",
                     hint=f"ALTER PUBLICATION {pg.publication} ADD TABLE {name} (or restart cdcd "

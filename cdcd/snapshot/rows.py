@@ -39,7 +39,7 @@ from typing import Any
 
 from cdcd.decode.relations import RelationCache, TableVersion
 from cdcd.errors import DefiniteError
-from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, TupleData
+from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
 from cdcd.source.database import SourceDatabase, quote_ident, relation_from_catalog
 
 __all__ = [
@@ -48,7 +48,10 @@ __all__ = [
     "TablePlan",
     "estimate_rows",
     "parse_copy",
+    "published_leaves",
+    "published_units",
     "plan_table",
+    "published_relation",
     "read_chunk",
     "split_points",
 ]
@@ -134,6 +137,110 @@ def catalog_columns(rows: list[tuple[Any, ...]]) -> tuple[tuple[str, int, int], 
     return tuple((str(name), int(type_oid), int(typmod)) for name, type_oid, typmod in rows)
 
 
+#: A table's columns in attnum order, generated ones flagged.
+_ALL_COLUMNS_SQL = (
+    "SELECT attname, atttypid, atttypmod, attgenerated <> '' FROM pg_attribute "
+    "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+)
+
+
+def published_relation(
+    db: SourceDatabase,
+    schema: str,
+    table: str,
+    publication: str | None,
+    columns: Sequence[str] | None = None,
+) -> tuple[Relation, str | None]:
+    """The Relation pgoutput sends for ``schema.table`` under ``publication``, and its row filter.
+
+    On PostgreSQL 15+ the publication decides which columns are sent: its
+    column list, else every column. On 18 ``pg_publication_tables.attnames``
+    is exactly what the walsender sends, stored generated columns included
+    where ``publish_generated_columns = stored`` (or the column list) names
+    them; before 18 it lists generated columns too, which pgoutput never
+    sends. ``columns`` stands in for the column list when the publication
+    does not list the table (yet): the configured one, for ``cdcd schemas``
+    before cdcd created its publication. A leaf partition published on its
+    own has its own filter and list (PostgreSQL allows neither on a
+    partitioned table unless published via the root).
+    """
+    relation = relation_from_catalog(db, schema, table)
+    row_filter: str | None = None
+    published: list[str] | None = None
+    if publication is not None and db.server_version >= 150000:
+        found = db.query(
+            "SELECT attnames, rowfilter FROM pg_publication_tables "
+            "WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+            (publication, schema, table),
+        )
+        if found:
+            names, row_filter = found[0]
+            published = [str(n) for n in names] if names is not None else None
+        elif columns is not None:
+            published = list(columns)
+    elif columns is not None and db.server_version >= 150000:
+        published = list(columns)
+    if published is not None:
+        keep = set(published)
+        # Before 18, attnames lists generated columns that pgoutput never sends.
+        generated_sent = db.server_version >= 180000
+        key = {c.name for c in relation.columns if c.is_key}
+        full = relation.replica_identity == "f"
+        relation = replace(
+            relation,
+            columns=tuple(
+                Column(1 if full or str(name) in key else 0, str(name), int(oid), int(typmod))
+                for name, oid, typmod, generated in db.query(
+                    _ALL_COLUMNS_SQL, (relation.relation_id,)
+                )
+                if str(name) in keep and (generated_sent or not generated)
+            ),
+        )
+    return relation, str(row_filter) if row_filter else None
+
+
+#: The leaf partitions of a partitioned table that a publication publishes as
+#: themselves (publish_via_partition_root = false): pg_publication_tables then
+#: lists the leaves, never the root.
+_LEAVES_SQL = """
+SELECT n.nspname, c.relname
+FROM pg_class r JOIN pg_namespace rn ON rn.oid = r.relnamespace
+CROSS JOIN LATERAL pg_partition_tree(r.oid) t
+JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE rn.nspname = %(schema)s AND r.relname = %(table)s AND r.relkind = 'p' AND t.isleaf
+  AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p WHERE p.pubname = %(pub)s
+                  AND p.schemaname = rn.nspname AND p.tablename = r.relname)
+  AND EXISTS (SELECT 1 FROM pg_publication_tables p WHERE p.pubname = %(pub)s
+              AND p.schemaname = n.nspname AND p.tablename = c.relname)
+ORDER BY 1, 2
+"""
+
+
+def published_leaves(
+    db: SourceDatabase, publication: str, schema: str, table: str
+) -> list[tuple[str, str]]:
+    """The leaves the publication publishes instead of partitioned ``schema.table``; [] otherwise.
+
+    With ``publish_via_partition_root = false`` the walsender sends each
+    leaf's changes as the leaf's own relation, so the leaves are what is
+    captured (each its own topic) and what a snapshot reads, one by one.
+    """
+    rows = db.query(_LEAVES_SQL, {"schema": schema, "table": table, "pub": publication})
+    return [(str(s), str(t)) for s, t in rows]
+
+
+def published_units(
+    db: SourceDatabase, publication: str, tables: Sequence[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """``tables`` as the stream carries them: partitioned ones published per leaf become their leaves."""
+    out: list[tuple[str, str]] = []
+    for schema, table in tables:
+        for unit in published_leaves(db, publication, schema, table) or [(schema, table)]:
+            if unit not in out:
+                out.append(unit)
+    return out
+
+
 def plan_table(
     db: SourceDatabase,
     relations: RelationCache,
@@ -154,21 +261,7 @@ def plan_table(
     matching rows) apply to the snapshot as well, so that snapshot rows have
     the stream's shape and scope.
     """
-    relation = relation_from_catalog(db, schema, table)
-    row_filter: str | None = None
-    if publication is not None and db.server_version >= 150000:
-        found = db.query(
-            "SELECT attnames, rowfilter FROM pg_publication_tables "
-            "WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-            (publication, schema, table),
-        )
-        if found:
-            published, row_filter = found[0]
-            if published is not None:
-                keep = {str(name) for name in published}
-                relation = replace(
-                    relation, columns=tuple(c for c in relation.columns if c.name in keep)
-                )
+    relation, row_filter = published_relation(db, schema, table, publication)
     version, _ = relations.on_relation(relation)
     version = replace(version, version=-version.version)
     names = version.column_names

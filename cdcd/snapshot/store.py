@@ -62,7 +62,14 @@ from cdcd.errors import DefiniteError
 from cdcd.naming import parse_table, split_table
 from cdcd.source.database import SourceDatabase, quote_ident
 
-__all__ = ["DDL", "Job", "SignalTable", "SignalTableGone", "SignalTableUnavailable"]
+__all__ = [
+    "DDL",
+    "TRUNCATE_FIRST",
+    "Job",
+    "SignalTable",
+    "SignalTableGone",
+    "SignalTableUnavailable",
+]
 
 log = logging.getLogger("cdcd.snapshot")
 
@@ -74,6 +81,10 @@ DDL = """CREATE TABLE IF NOT EXISTS {table} (
   progress jsonb NOT NULL DEFAULT '{{}}'::jsonb,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())"""
+
+#: Request data (and progress) key: tables whose consumers drop what they hold
+#: (a truncate, op=t) before their snapshot's first chunk.
+TRUNCATE_FIRST = "truncate-first"
 
 _COLUMNS = ("id", "type", "data", "status", "progress", "created_at", "updated_at")
 
@@ -291,6 +302,10 @@ class SignalTable:
         job = self._job(rows[0])
         job.tables = _tables_of(rows[0][2])
         job.progress["tables"] = job.tables
+        data = _json(rows[0][2])
+        if isinstance(data, dict) and isinstance(data.get(TRUNCATE_FIRST), list):
+            # A re-snapshot after a row filter change (cdcd.pipeline.schema_changes).
+            job.progress[TRUNCATE_FIRST] = [str(t) for t in data[TRUNCATE_FIRST]]
         return job
 
     def save(self, job: Job) -> None:

@@ -10,10 +10,11 @@ Every definite error names the object and what to change.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -25,13 +26,32 @@ import psycopg2.extras
 from cdcd.config.dsn import redact_dsn_message
 from cdcd.config.model import PostgresConfig, redact_dsn
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
-from cdcd.naming import HEARTBEAT_PREFIX, format_table, split_table
+from cdcd.naming import HEARTBEAT_PREFIX, format_table
 from cdcd.observability import systemd
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Column, Relation
 from cdcd.source.markers import MarkerTransactions
+from cdcd.source.publication import (
+    Drift,
+    RelState,
+    TableSpec,
+    describe_columns,
+    describe_filter,
+    expression_problem,
+    probe_filters,
+    publication_options,
+    read_rel_states,
+    require_publication_features,
+    resolve_tables,
+    spec_of,
+    table_columns,
+    target_sql,
+)
 from cdcd.source.versions import (
     CONFLICTING_SINCE,
+    GENERATED_COLUMNS_SINCE,
+    ROW_FILTER_SINCE,
+    VIA_ROOT_SINCE,
     has_failover_slots,
     has_two_phase_slots,
     has_wal_status,
@@ -334,6 +354,7 @@ class TableVerdict:
     table: str
     action: str  # KEEP, MISSING, SET_FULL, HARMLESS, REFUSE or BROKEN
     relation: RelIdentity | None  # None: the table does not exist
+    spec: TableSpec = TableSpec()  # its row filter and column list in postgres.tables
 
     @property
     def name(self) -> str:
@@ -367,6 +388,26 @@ class PublicationPlan:
     stale: tuple[tuple[str, str], ...]  # in the publication, no longer configured
     all_tables_gaps: tuple[RelIdentity, ...]  # FOR ALL TABLES would publish these without identity
     member_count: int
+    #: Where the publication differs from the configuration (filters, column
+    #: lists, options): reconciled if cdcd owns it, a definite error if not.
+    drift: tuple[Drift, ...] = ()
+    #: postgres.tables asks what PostgreSQL cannot or must not do (exit 2).
+    problems: tuple[ConfigError, ...] = ()
+    #: WITH options CREATE PUBLICATION gets (only those the server has).
+    options: tuple[str, ...] = ()
+
+    @property
+    def reconcile(self) -> bool:
+        """Whether ``ensure_publication`` makes a drift good: only on a publication cdcd owns."""
+        return self.owned and self.create_allowed
+
+    @property
+    def table_drift(self) -> tuple[Drift, ...]:
+        return tuple(d for d in self.drift if d.table is not None)
+
+    @property
+    def option_drift(self) -> tuple[Drift, ...]:
+        return tuple(d for d in self.drift if d.table is None)
 
     @property
     def create(self) -> bool:
@@ -391,12 +432,35 @@ class PublicationPlan:
         missing = self.of(MISSING)
         if missing:
             return missing_tables_error([v.name for v in missing])
+        if self.problems:
+            return self.problems[0]
         refused = self.of(REFUSE)
         if refused:
             return refusal_error(self.name, self.publishes, refused)
         if self.all_tables_gaps:
             return all_tables_refusal_error(self.name, self.all_tables_gaps)
-        return self.absent_error() or self.lacking_error()
+        return self.absent_error() or self.lacking_error() or self.drift_error()
+
+    def drift_error(self) -> DefiniteError | None:
+        """A publication cdcd does not own that differs from postgres.tables: run refuses it."""
+        if not self.drift or self.reconcile:
+            return None
+        name = quote_ident(self.name)
+        fixes = []
+        for drift in self.table_drift:
+            verdict = next(v for v in self.tables if v.name == drift.table)
+            sql = verdict.relation.sql_name if verdict.relation else str(drift.table)
+            target = target_sql(sql, verdict.spec).replace("\n", "")
+            fix = f"ALTER PUBLICATION {name} DROP TABLE {sql}; ALTER PUBLICATION {name} ADD TABLE {target}"
+            if fix not in fixes:
+                fixes.append(fix)
+        for drift in self.option_drift:
+            fixes.append(f"ALTER PUBLICATION {name} SET ({drift.what} = {drift.becomes})")
+        return DefiniteError(
+            "; ".join(d.describe(None if i else self.name) for i, d in enumerate(self.drift)),
+            hint=f"make them agree ({'; '.join(fixes)}) or change postgres to match; cdcd "
+            "changes only a publication it created (create_publication: true)",
+        )
 
     def absent_error(self) -> DefiniteError | None:
         if self.exists or self.create_allowed:
@@ -681,32 +745,49 @@ class SourceDatabase:
         )
         return [r for r in map(_rel_identity, rows) if r.gap()]
 
-    def plan_publication(self, pg: PostgresConfig) -> PublicationPlan:
+    def resolve_tables(
+        self, pg: PostgresConfig, exclude: Iterable[tuple[str, str]] = ()
+    ) -> list[tuple[str, str]]:
+        """``postgres.tables`` with its patterns expanded (:func:`cdcd.source.publication.resolve_tables`)."""
+        return resolve_tables(self.query, pg, exclude)
+
+    def plan_publication(
+        self, pg: PostgresConfig, *, exclude: Iterable[tuple[str, str]] = ()
+    ) -> PublicationPlan:
         """What ``ensure_publication`` will do, or refuse, for ``pg``; changes nothing.
 
         A table without a usable replica identity in a publication that
         publishes updates or deletes makes the *application's* UPDATE and
         DELETE on it fail, so cdcd never puts one there: it refuses (a
         configuration error) unless the table's entry opts in to
-        ``replica_identity: full``, which cdcd then sets.
+        ``replica_identity: full``, which cdcd then sets. Row filters and
+        column lists are checked against PostgreSQL's rules the same way
+        (docs/publication.md), and compared with the publication's.
+        ``exclude``: tables a pattern never matches (cdcd's signal table).
         """
+        version = self.server_version
+        require_publication_features(version, pg)
         name = pg.publication
+        via_root = "pubviaroot" if version >= VIA_ROOT_SINCE else "NULL"
+        gencols = "pubgencols::text" if version >= GENERATED_COLUMNS_SINCE else "NULL"
         rows = self.query(
-            "SELECT oid, puballtables, pubupdate, pubdelete, "
-            "obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
+            f"SELECT oid, puballtables, pubupdate, pubdelete, "
+            f"obj_description(oid, 'pg_publication'), {via_root}, {gencols} "
+            "FROM pg_publication WHERE pubname = %s",
             (name,),
         )
         exists = bool(rows)
         if rows:
-            oid, all_tables, update, delete, comment = rows[0]
+            oid, all_tables, update, delete, comment, viaroot, pubgencols = rows[0]
             publishes = _publishes(bool(update), bool(delete))
         else:
             # CREATE PUBLICATION publishes every kind of change by default.
             oid, all_tables, comment, publishes = None, False, None, _publishes(True, True)
+            viaroot = pubgencols = None
         owned = comment == OWNED_PUBLICATION_COMMENT
         # An empty list captures every table of the publication, as omitting it does.
         configured = bool(pg.table_names)
-        wanted = [split_table(t) for t in pg.table_names or ()]
+        wanted = self.resolve_tables(pg, exclude) if configured else []
         if not configured:
             wanted = self.publication_tables(name) if exists else []
         identity = self.identities(wanted)
@@ -720,6 +801,7 @@ class SourceDatabase:
         verdicts = []
         for schema, table in wanted:
             relation = identity.get((schema, table))
+            spec = spec_of(pg, schema, table) if configured else TableSpec()
             if relation is None:
                 action = MISSING
             elif not relation.gap():
@@ -732,7 +814,7 @@ class SourceDatabase:
                 action = BROKEN
             else:
                 action = REFUSE
-            verdicts.append(TableVerdict(schema, table, action, relation))
+            verdicts.append(TableVerdict(schema, table, action, relation, spec))
         add: tuple[TableVerdict, ...] = ()
         stale: tuple[tuple[str, str], ...] = ()
         if exists and configured and not all_tables:
@@ -749,6 +831,14 @@ class SourceDatabase:
         gaps: tuple[RelIdentity, ...] = ()
         if not exists and pg.create_publication and not configured:
             gaps = tuple(self.tables_without_identity())
+        states: dict[tuple[str, str], RelState] = {}
+        if exists and not all_tables and version >= ROW_FILTER_SINCE:
+            states = read_rel_states(self.query, int(oid))
+        problems, drift = self._check_specs(
+            pg, name, verdicts, members, states, publishes, bool(all_tables), exists, owned
+        )
+        if exists:
+            drift += self._option_drift(pg, present, viaroot, pubgencols, owned)
         return PublicationPlan(
             name=name,
             exists=exists,
@@ -762,7 +852,280 @@ class SourceDatabase:
             stale=stale,
             all_tables_gaps=gaps,
             member_count=len(self.publication_tables(name)) if exists else 0,
+            drift=tuple(drift),
+            problems=tuple(problems),
+            options=tuple(publication_options(version, pg)),
         )
+
+    def _option_drift(
+        self,
+        pg: PostgresConfig,
+        present: list[RelIdentity],
+        viaroot: bool | None,
+        pubgencols: str | None,
+        owned: bool,
+    ) -> list[Drift]:
+        """Options the publication has otherwise than configured.
+
+        On a publication cdcd does not own, only those that change what cdcd
+        captures count: the partition root setting with a partitioned table
+        captured, generated columns with a table that has one.
+        """
+        out = []
+        if viaroot is not None and bool(viaroot) != pg.publish_via_partition_root and (
+            owned or any(r.kind == "p" for r in present)
+        ):
+            out.append(
+                Drift(
+                    None,
+                    "publish_via_partition_root",
+                    str(bool(viaroot)).lower(),
+                    str(pg.publish_via_partition_root).lower(),
+                )
+            )
+        if pubgencols is not None:
+            was = "stored" if pubgencols == "s" else "none"
+            becomes = "stored" if pg.publish_generated_columns else "none"
+            generated = owned or bool(
+                self.scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = ANY(%s::oid[]) "
+                    "AND attgenerated = 's' AND NOT attisdropped)",
+                    ([r.oid for r in present],),
+                )
+            )
+            if was != becomes and generated:
+                out.append(Drift(None, "publish_generated_columns", was, becomes))
+        return out
+
+    def _check_specs(
+        self,
+        pg: PostgresConfig,
+        publication: str,
+        verdicts: list[TableVerdict],
+        members: set[tuple[str, str]],
+        states: dict[tuple[str, str], RelState],
+        publishes: str,
+        all_tables: bool,
+        exists: bool,
+        owned: bool,
+    ) -> tuple[list[ConfigError], list[Drift]]:
+        """Each table's filter and column list against PostgreSQL's rules, and the publication's.
+
+        On a publication cdcd owns, ``postgres.tables`` is the whole truth: an
+        entry without ``where`` means no filter. On one an operator made, only
+        what an entry sets is compared, so a hand-made filter or column list
+        is taken as it is (snapshots and schemas read them from the catalog).
+        """
+        problems: list[ConfigError] = []
+        drift: list[Drift] = []
+        specified = [v for v in verdicts if v.relation and (v.spec.where or v.spec.columns)]
+        if all_tables and specified:
+            listed = ", ".join(v.name for v in specified)
+            problems.append(
+                ConfigError(
+                    f"publication {publication} is FOR ALL TABLES, which cannot carry the row "
+                    f"filters and column lists postgres.tables sets for {listed}",
+                    hint="remove where/columns, or use a publication FOR TABLE "
+                    "(create_publication: true creates one)",
+                )
+            )
+            return problems, drift
+        for verdict in specified:
+            relation = verdict.relation
+            if relation and relation.kind == "p" and not pg.publish_via_partition_root:
+                # PostgreSQL would refuse it at CREATE PUBLICATION: each
+                # partition is then published as itself, with its own settings.
+                problems.append(
+                    ConfigError(
+                        f"postgres.tables: {verdict.name} is a partitioned table and "
+                        "postgres.publish_via_partition_root is false: PostgreSQL takes no row "
+                        "filter or column list for it then (each partition is published as "
+                        "itself)",
+                        hint="set publish_via_partition_root: true, or move where/columns to "
+                        "entries for its partitions",
+                    )
+                )
+                continue
+            problem = self._columns_problem(verdict, publishes)
+            if problem is not None:
+                problems.append(problem)
+            if verdict.spec.where is not None:
+                syntax = expression_problem(verdict.spec.where)
+                if syntax is not None:
+                    problems.append(
+                        ConfigError(
+                            f"postgres.tables: the where of {verdict.name} is not valid: {syntax}",
+                            hint="write one SQL boolean expression over the table's columns",
+                        )
+                    )
+        if problems:
+            return problems, drift
+        # Filters as PostgreSQL reads them: configured ones, and the publication's.
+        # With postgres.tables omitted the publication is taken as it is.
+        compared = (
+            [v for v in verdicts if v.relation and (v.schema, v.table) in members]
+            if exists and pg.table_names
+            else []
+        )
+        items: list[tuple[str, str]] = []
+        slots: dict[tuple[str, str, str], int] = {}
+        for verdict in verdicts:
+            relation = verdict.relation
+            if relation is None:
+                continue
+            texts = [("configured", verdict.spec.where)]
+            state = states.get((verdict.schema, verdict.table))
+            if verdict in compared and state is not None:
+                texts.append(("current", state.where))
+            for which, text in texts:
+                if text is not None:
+                    slots[(verdict.schema, verdict.table, which)] = len(items)
+                    items.append((relation.sql_name, text))
+        probes = self._probe(items) if items else []
+        for verdict in verdicts:
+            relation = verdict.relation
+            key = (verdict.schema, verdict.table)
+            if relation is None or verdict.spec.where is None:
+                continue
+            probe = probes[slots[(*key, "configured")]]
+            if probe.error is not None:
+                problems.append(
+                    ConfigError(
+                        f"postgres.tables: the where of {verdict.name} is not valid for it: "
+                        f"{probe.error}",
+                        hint="write one SQL boolean expression over the table's columns "
+                        "(immutable built-in functions and operators only)",
+                    )
+                )
+                continue
+            outside = self._outside_identity(verdict, probe.columns, publishes)
+            if outside:
+                one = len(outside) == 1
+                problems.append(
+                    ConfigError(
+                        f"postgres.tables: the where of {verdict.name} uses "
+                        f"{'column' if one else 'columns'} {', '.join(outside)}, which "
+                        f"{'is' if one else 'are'} not part of its replica identity "
+                        f"({relation.describe()}); PostgreSQL's rule: a row filter of a "
+                        f"publication that publishes updates or deletes ({publication} "
+                        f"publishes {publishes}) may use only replica identity columns, else "
+                        "the application's UPDATE and DELETE on the table fail",
+                        hint="filter on replica identity columns only; or set "
+                        "replica_identity: full on the entry (ALTER TABLE … REPLICA IDENTITY "
+                        "FULL); or publish only inserts (a publication WITH (publish = "
+                        "'insert, truncate') and create_publication: false)",
+                    )
+                )
+        if problems:
+            return problems, drift
+        for verdict in compared:
+            key = (verdict.schema, verdict.table)
+            state = states.get(key, RelState(None, None))
+            spec = verdict.spec
+            configured = probes[slots[(*key, "configured")]] if spec.where is not None else None
+            current = probes[slots[(*key, "current")]] if state.where is not None else None
+            if (owned or spec.where is not None) and (
+                (configured is None) != (current is None)
+                or configured is not None
+                and current is not None
+                and configured.definition != current.definition
+            ):
+                drift.append(
+                    Drift(
+                        verdict.name,
+                        "row filter",
+                        describe_filter(state.where),
+                        describe_filter(spec.where),
+                    )
+                )
+            if (owned or spec.columns is not None) and (
+                (spec.columns is None) != (state.columns is None)
+                or spec.columns is not None
+                and state.columns is not None
+                and set(spec.columns) != set(state.columns)
+            ):
+                drift.append(
+                    Drift(
+                        verdict.name,
+                        "column list",
+                        describe_columns(state.columns),
+                        describe_columns(spec.columns),
+                    )
+                )
+        return problems, drift
+
+    def _columns_problem(self, verdict: TableVerdict, publishes: str) -> ConfigError | None:
+        """A column list naming a column the table lacks, or leaving out its replica identity."""
+        relation, columns = verdict.relation, verdict.spec.columns
+        if relation is None or columns is None:
+            return None
+        have = table_columns(self.query, relation.oid)
+        names = [n for n, _ in have]
+        unknown = [c for c in columns if c not in names]
+        if unknown:
+            one = len(unknown) == 1
+            return ConfigError(
+                f"postgres.tables: {verdict.name} has no {'column' if one else 'columns'} "
+                f"{', '.join(unknown)} (its columns: {', '.join(names)})",
+                hint="fix the columns of its entry",
+            )
+        identity = self._identity_columns(verdict, publishes, [n for n, g in have if not g])
+        omitted = [c for c in identity if c not in columns]
+        if omitted:
+            one = len(omitted) == 1
+            return ConfigError(
+                f"postgres.tables: the column list of {verdict.name} omits "
+                f"{', '.join(omitted)}, {'a' if one else ''} replica identity "
+                f"column{'' if one else 's'} ({relation.describe()}); PostgreSQL's rule: the "
+                "column list must include the replica identity (cdcd keys its messages by it)",
+                hint=f"add {', '.join(omitted)} to its columns",
+            )
+        return None
+
+    @staticmethod
+    def _identity_columns(
+        verdict: TableVerdict, publishes: str, all_columns: list[str]
+    ) -> tuple[str, ...]:
+        """The columns a filter may read and a column list must keep.
+
+        REPLICA IDENTITY FULL (set, or opted in to): every column, but
+        PostgreSQL holds a column list to that only when updates or deletes
+        are published.
+        """
+        relation = verdict.relation
+        if relation is None:
+            return ()
+        if relation.identity == "f" or verdict.action == SET_FULL:
+            return tuple(all_columns) if publishes else ()
+        return relation.columns
+
+    def _outside_identity(
+        self, verdict: TableVerdict, used: tuple[str, ...], publishes: str
+    ) -> list[str]:
+        relation = verdict.relation
+        if not publishes or relation is None:
+            return []
+        if relation.identity == "f" or verdict.action == SET_FULL:
+            return []
+        if relation.kind == "p" and not relation.columns:
+            return []  # each partition's identity decides; PostgreSQL checks the leaves
+        return [c for c in used if c not in relation.columns]
+
+    def _probe(self, items: list[tuple[str, str]]) -> list[Any]:
+        """:func:`cdcd.source.publication.probe_filters` in a transaction rolled back."""
+        with self.conn.cursor() as cur:
+            try:
+                cur.execute("BEGIN")
+                cur.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
+                return probe_filters(cur, items)
+            except psycopg2.Error as exc:
+                raise query_failure(exc, "CREATE TEMP VIEW", "read a row filter", self._user) from exc
+            finally:
+                if self.conn.info.transaction_status in (
+                    psycopg2.extensions.TRANSACTION_STATUS_INTRANS,
+                    psycopg2.extensions.TRANSACTION_STATUS_INERROR,
+                ):
+                    cur.execute("ROLLBACK")
 
     def _members(self, publication: int, relations: list[RelIdentity]) -> set[tuple[str, str]]:
         """Which of ``relations`` the publication includes: listed, by schema, or by an ancestor."""
@@ -783,15 +1146,19 @@ class SourceDatabase:
         found = {int(r[0]) for r in rows}
         return {(r.schema, r.table) for r in relations if r.oid in found}
 
-    def ensure_publication(self, pg: PostgresConfig) -> PublicationPlan:
+    def ensure_publication(
+        self, pg: PostgresConfig, *, exclude: Iterable[tuple[str, str]] = ()
+    ) -> PublicationPlan:
         """Make the publication what ``plan_publication`` decided, or raise what it refuses.
 
-        Creates it (marked as cdcd's own) if allowed, sets the replica
-        identities opted in to, adds configured tables it lacks and drops from
-        a publication cdcd owns the tables no longer configured -- all in one
+        Creates it (marked as cdcd's own) if allowed, with the configured row
+        filters, column lists and options; sets the replica identities opted
+        in to; adds configured tables it lacks; on a publication cdcd owns,
+        drops the tables no longer configured and makes a drifted filter,
+        column list or option what the configuration says -- all in one
         transaction, so a failure leaves the database as it was.
         """
-        plan = self.plan_publication(pg)
+        plan = self.plan_publication(pg, exclude=exclude)
         error = plan.error()
         if error is not None:
             raise error
@@ -801,19 +1168,36 @@ class SourceDatabase:
         for relation in set_full:
             steps.append(_Step(f"ALTER TABLE {relation.sql_name} REPLICA IDENTITY FULL", table=relation))
         if plan.create:
-            targets = ", ".join(v.relation.sql_name for v in plan.tables if v.relation)
+            targets = ", ".join(
+                target_sql(v.relation.sql_name, v.spec) for v in plan.tables if v.relation
+            )
+            options = f" WITH ({', '.join(plan.options)})" if plan.options else ""
             steps.append(
                 _Step(
                     f"CREATE PUBLICATION {name} "
                     + (f"FOR TABLE {targets}" if plan.configured else "FOR ALL TABLES")
+                    + options
                 )
             )
             comment = (OWNED_PUBLICATION_COMMENT,)
             steps.append(_Step(f"COMMENT ON PUBLICATION {name} IS %s", comment))
-        if plan.add:
-            targets = ", ".join(v.relation.sql_name for v in plan.add if v.relation)
+        # A drifted filter or column list: the whole table list set anew
+        # (PostgreSQL 15+'s SET TABLE), which also adds and drops.
+        reset = plan.reconcile and bool(plan.table_drift)
+        if reset:
+            targets = ", ".join(
+                target_sql(v.relation.sql_name, v.spec) for v in plan.tables if v.relation
+            )
+            steps.append(_Step(f"ALTER PUBLICATION {name} SET TABLE {targets}"))
+        if plan.reconcile and plan.option_drift:
+            options = ", ".join(f"{d.what} = {d.becomes}" for d in plan.option_drift)
+            steps.append(_Step(f"ALTER PUBLICATION {name} SET ({options})"))
+        if plan.add and not reset:
+            targets = ", ".join(
+                target_sql(v.relation.sql_name, v.spec) for v in plan.add if v.relation
+            )
             steps.append(_Step(f"ALTER PUBLICATION {name} ADD TABLE {targets}"))
-        if plan.drop:
+        if plan.drop and not reset:
             targets = ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in plan.drop)
             steps.append(_Step(f"ALTER PUBLICATION {name} DROP TABLE {targets}"))
         if plan.stale and not plan.drop:
@@ -845,7 +1229,34 @@ class SourceDatabase:
             )
         if plan.create:
             what = ", ".join(v.name for v in plan.tables) if plan.configured else "ALL TABLES"
-            log.info("created publication %s FOR %s", plan.name, what)
+            log.info(
+                "created publication %s FOR %s%s",
+                plan.name,
+                what,
+                f" WITH ({', '.join(plan.options)})" if plan.options else "",
+            )
+            for verdict in plan.tables:
+                if verdict.spec.where is not None or verdict.spec.columns is not None:
+                    log.info(
+                        "publication %s: %s with row filter %s, columns %s",
+                        plan.name,
+                        verdict.name,
+                        describe_filter(verdict.spec.where),
+                        describe_columns(verdict.spec.columns),
+                        extra={"table": verdict.name},
+                    )
+        if plan.reconcile:
+            for drift in plan.drift:
+                log.info(
+                    "publication %s: %s %s was %s, now %s (as postgres%s says)",
+                    plan.name,
+                    drift.table or "option",
+                    drift.what,
+                    drift.was,
+                    drift.becomes,
+                    ".tables" if drift.table else f".{drift.what}",
+                    extra={"table": drift.table} if drift.table else {},
+                )
         for verdict in plan.add:
             log.info(
                 "added table %s to publication %s",
@@ -1234,6 +1645,9 @@ def relation_from_catalog(db: SourceDatabase, schema: str, table: str) -> Relati
 
 #: While a slot is being created, what it waits for is logged this often.
 SLOT_WAIT_LOG_INTERVAL_S = 5.0
+#: Test hook, not a setting: the integration tests set this environment
+#: variable (seconds, 1 to the interval above) so the first report comes sooner.
+SLOT_WAIT_LOG_INTERVAL_ENV = "CDCD_TEST_SLOT_WAIT_LOG_INTERVAL_S"
 #: ... and the caller's ``beat`` is called this often (health, systemd watchdog).
 _SLOT_WAIT_BEAT_S = 1.0
 #: Under systemd, each report extends the start timeout (TimeoutStartSec) by this
@@ -1277,6 +1691,24 @@ ORDER BY 9 DESC, 3 DESC NULLS LAST
 """
 
 
+def _slot_wait_log_interval_s() -> float:
+    """:data:`SLOT_WAIT_LOG_INTERVAL_S` unless the test hook shortens it."""
+    raw = os.environ.get(SLOT_WAIT_LOG_INTERVAL_ENV, "").strip()
+    if not raw:
+        return SLOT_WAIT_LOG_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not _SLOT_WAIT_BEAT_S <= value <= SLOT_WAIT_LOG_INTERVAL_S:
+        raise ConfigError(
+            f"{SLOT_WAIT_LOG_INTERVAL_ENV}={raw!r}: not a number of seconds in "
+            f"[{_SLOT_WAIT_BEAT_S:.0f}, {SLOT_WAIT_LOG_INTERVAL_S:.0f}]",
+            hint=f"unset {SLOT_WAIT_LOG_INTERVAL_ENV} (a test hook)",
+        )
+    return value
+
+
 def wait_for_slot_creation(
     create: Callable[[], _T],
     *,
@@ -1302,6 +1734,7 @@ def wait_for_slot_creation(
     ``READY=1`` comes only after the slot exists. What ``create`` raises is
     raised here.
     """
+    interval_s = _slot_wait_log_interval_s()
     pid = int(conn.get_backend_pid())
     done = threading.Event()
     result: list[_T] = []
@@ -1319,7 +1752,7 @@ def wait_for_slot_creation(
     worker = threading.Thread(target=run, name="cdcd-create-slot", daemon=True)
     worker.start()
     monitor = _SlotWaitMonitor(dsn, slot, pid, timeout_s)
-    next_log = started + SLOT_WAIT_LOG_INTERVAL_S
+    next_log = started + interval_s
     try:
         while not done.wait(_SLOT_WAIT_BEAT_S):
             if beat is not None:
@@ -1335,7 +1768,7 @@ def wait_for_slot_creation(
                 raise TransientError(f"stopped while creating slot {slot}")
             now = time.monotonic()
             if now >= next_log:
-                next_log = now + SLOT_WAIT_LOG_INTERVAL_S
+                next_log = now + interval_s
                 monitor.report(now - started)
                 systemd.notify(
                     f"EXTEND_TIMEOUT_USEC={int(_SLOT_WAIT_EXTEND_S * 1_000_000)}\n"

@@ -74,6 +74,8 @@ class ReplicationStream:
     #: ``server_version_num`` of the walsender's server (which options it
     #: takes); set from the connection, 0 (the oldest options) until then.
     server_version = 0
+    #: ``postgres.origin``: ``none`` asks pgoutput to leave out replicated changes.
+    origin = "any"
 
     def __init__(
         self,
@@ -82,10 +84,12 @@ class ReplicationStream:
         publication: str,
         protocol_version: int,
         timeout_s: float = 10.0,
+        origin: str = "any",
     ) -> None:
         self.slot = slot
         self.publication = publication
         self.protocol_version = protocol_version
+        self.origin = origin  # "none" needs PostgreSQL 16 (refused at startup below)
         self._conn = connect(dsn, replication=True, timeout_s=timeout_s)
         self._cursor: Any = self._conn.cursor()
         self.server_version = int(self._conn.server_version)
@@ -101,6 +105,10 @@ class ReplicationStream:
             options["streaming"] = "parallel" if self.protocol_version >= 4 else "on"
         if self.protocol_version >= 3:
             options["two_phase"] = "on"
+        if self.origin != "any":
+            # pgoutput then leaves out changes that carry a replication origin
+            # (applied by a subscription), so bidirectional setups do not loop.
+            options["origin"] = self.origin
         # Never "binary": text values cost the server as much and cdcd less
         # (docs/performance.md), and every type has a text form.
         return options

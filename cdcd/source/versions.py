@@ -23,6 +23,11 @@ protocol 4 (``streaming parallel``)    16     refused at startup
 failover slots, ``synced``,            17     ``postgres.failover`` refused
 ``invalidation_reason``,                      at startup
 ``inactive_since``
+``publish_via_partition_root``         13     option not emitted (12 cannot
+                                              publish a partitioned table)
+row filters, column lists              15     ``where``/``columns`` refused
+pgoutput ``origin`` option             16     ``origin: none`` refused
+``publish_generated_columns``          18     refused (``true``)
 =====================================  =====  ==============================
 """
 
@@ -33,8 +38,12 @@ from cdcd.errors import DefiniteError
 __all__ = [
     "CONFLICTING_SINCE",
     "FAILOVER_SINCE",
+    "GENERATED_COLUMNS_SINCE",
     "MESSAGES_SINCE",
+    "ORIGIN_SINCE",
     "PROTOCOL_SINCE",
+    "ROW_FILTER_SINCE",
+    "VIA_ROOT_SINCE",
     "WAL_STATUS_SINCE",
     "has_decoding_work_mem",
     "has_failover_slots",
@@ -60,6 +69,14 @@ CONFLICTING_SINCE = 160000
 #: Failover slots and the slot columns that came with them (``failover``,
 #: ``synced``, ``invalidation_reason``, ``inactive_since``).
 FAILOVER_SINCE = 170000
+#: The publication option ``publish_via_partition_root`` (``pg_publication.pubviaroot``).
+VIA_ROOT_SINCE = 130000
+#: Row filters and column lists (``pg_publication_rel.prqual``, ``prattrs``).
+ROW_FILTER_SINCE = 150000
+#: pgoutput's ``origin`` option (``none``: skip changes replicated from elsewhere).
+ORIGIN_SINCE = 160000
+#: ``publish_generated_columns`` (``pg_publication.pubgencols``).
+GENERATED_COLUMNS_SINCE = 180000
 
 
 def version_text(version_num: int) -> str:

@@ -8,7 +8,7 @@ Modules:
 * :mod:`cdcd.spark.reader` -- the public entry points: :func:`read_raw` and
   :func:`read_changes` pick Spark's own Kafka source when its jars are on the
   classpath and the bundled one otherwise;
-* :mod:`cdcd.spark.mirror` -- the Parquet mirrors' store and the Spark job
+* :mod:`cdcd.spark.mirror` -- the Delta Lake mirrors (deltalake) and the Spark job
   applying each micro-batch;
 * :mod:`cdcd.spark.dataframes` -- Spark types, the decoding ``mapInArrow``
   job, the per-schema header summary;

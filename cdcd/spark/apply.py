@@ -26,8 +26,8 @@ truncate has no key and lands on any partition, so a batch may hold a
 truncate while changes committed *before* it, on other partitions, arrive
 only in the next batch -- or changes committed after it arrive first. Each
 mirrored row therefore keeps the (lsn, seq) of the change that wrote it
-(stored beside the data, never in it), and each table the version of its
-last truncate:
+(the metadata columns ``_cdcd_lsn`` and ``_cdcd_seq``), and each table the
+version of its last truncate:
 
 * a truncate at T removes the rows older than T and nothing newer;
 * a change older than the last truncate is ignored;
@@ -56,8 +56,9 @@ whole old row (``REPLICA IDENTITY FULL``); their changes travel with a null
 key on random partitions, so across batches only exact repeats of a row's
 insert are recognised.
 
-The I/O around it -- Parquet generations, ``state.json``, the Spark job -- is
-:mod:`cdcd.spark.mirror`.
+``rows`` here are only the stored rows a batch can touch (its keys), not
+the whole table. The I/O around it -- the Delta tables, one MERGE per table
+and batch, the Spark job -- is :mod:`cdcd.spark.mirror`.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ __all__ = [
     "table_dir_name",
 ]
 
-META_LSN = "__cdcd_lsn"
-META_SEQ = "__cdcd_seq"
+META_LSN = "_cdcd_lsn"
+META_SEQ = "_cdcd_seq"
 
 Version = tuple[int, int]
 
@@ -443,6 +444,38 @@ def _change_records(changes: pa.Table) -> list[dict[str, Any]]:
     return records
 
 
+def _new_rows_only(rows: pa.Table, changes: pa.Table, layout: RowLayout) -> pa.Table | None:
+    """The rows ``changes`` add, if all they do is insert keys not stored yet (else None).
+
+    The common case of a first build or an insert-heavy batch, computed on
+    whole columns: no two changes share a key, none exists in ``rows``,
+    each is an insert or snapshot read with its row image, and none keeps
+    an unchanged TOAST value (which would need a partner).
+    """
+    if not changes.num_rows:
+        return None
+    ops = changes.column("op")
+    after = changes.column("after")
+    if not pc.all(pc.is_in(ops, pa.array(["c", "r"]))).as_py() or after.null_count:
+        return None
+    toast = pc.list_value_length(changes.column("unchanged_toast"))
+    if pc.max(pc.fill_null(toast, 0)).as_py():
+        return None
+    key_names = layout.key_names
+    keys = pa.table({name: pc.struct_field(after, name) for name in key_names})
+    if any(pa.types.is_nested(f.type) for f in keys.schema):
+        return None  # arrays as keys: the general path
+    if keys.group_by(list(key_names)).aggregate([]).num_rows != changes.num_rows:
+        return None
+    if rows.num_rows:
+        stored = rows.select(list(key_names))
+        if stored.join(keys, keys=list(key_names), join_type="inner").num_rows:
+            return None
+    columns = [pc.struct_field(after, name) for name in layout.names]
+    columns += [changes.column("lsn"), changes.column("seq")]
+    return pa.Table.from_arrays(columns, schema=rows.schema)
+
+
 def _apply_keyed(
     rows: pa.Table,
     changes: pa.Table,
@@ -456,6 +489,10 @@ def _apply_keyed(
     Returns the rows, the rows this batch deleted (by delete version) and the
     positions of the changes held back (see :func:`apply_changes`).
     """
+    inserted = _new_rows_only(rows, changes, layout)
+    if inserted is not None:
+        stats.applied += inserted.num_rows
+        return pa.concat_tables([rows, inserted]), {}, []
     key_names = layout.key_names
     names = layout.names
     records = _change_records(changes)
@@ -595,18 +632,15 @@ def table_dir_name(schema: str, table: str) -> str:
 
 @dataclass
 class TableState:
-    """What ``state.json`` records of one mirrored table."""
+    """What each mirror commit records of its table (commit metadata ``cdcd.mirror``)."""
 
     topic: str
     schema: str
     table: str
     envelope: dict[str, Any]  # the reader schema the rows follow
     schema_version: Version
-    generation: int = 0
     truncated_at: Version | None = None
     high_water: dict[int, Version] = field(default_factory=dict)
-    rows: int = 0
-    pending: int = 0  # changes held back for the next batch
 
     @property
     def name(self) -> str:
@@ -627,11 +661,8 @@ class TableState:
             "table": self.table,
             "envelope": self.envelope,
             "schema_version": list(self.schema_version),
-            "generation": self.generation,
             "truncated_at": list(self.truncated_at) if self.truncated_at is not None else None,
             "high_water": {str(p): list(v) for p, v in sorted(self.high_water.items())},
-            "rows": self.rows,
-            "pending": self.pending,
         }
 
     @classmethod
@@ -643,13 +674,10 @@ class TableState:
             table=data["table"],
             envelope=data["envelope"],
             schema_version=(int(data["schema_version"][0]), int(data["schema_version"][1])),
-            generation=int(data["generation"]),
             truncated_at=(int(truncated[0]), int(truncated[1])) if truncated else None,
             high_water={
                 int(p): (int(v[0]), int(v[1])) for p, v in data.get("high_water", {}).items()
             },
-            rows=int(data.get("rows", 0)),
-            pending=int(data.get("pending", 0)),
         )
 
 

@@ -1,10 +1,15 @@
-"""``cdcd mirror -c FILE --output DIR [--once]``: keep Parquet mirrors of the captured tables.
+"""``cdcd mirror -c FILE --output DIR|URI [--once]``: keep Delta Lake mirrors of the captured tables.
 
 A Structured Streaming query reads every table topic of the configuration
 (``postgres.tables``, or every ``<prefix>.<schema>.<table>`` topic when the
 list is omitted -- topics created later are picked up) and hands each
 micro-batch to :class:`cdcd.spark.mirror.MirrorJob` (``foreachBatch``), which
-decodes it per table and replaces the tables' Parquet atomically.
+decodes it per table and MERGEs it into each table's Delta table.
+
+* ``--storage-option KEY=VALUE`` (repeatable) is passed to delta-rs for
+  object-store outputs (``s3://``, ``gs://``, ``abfss://``...).
+* ``--optimize`` (compaction, Z-order by key) and ``--vacuum`` (with
+  ``--retention-hours``) maintain the tables and exit; no Spark involved.
 
 * ``--once`` runs the query with ``Trigger.AvailableNow``: the end of every
   partition is probed when it starts (never trusting the broker's high
@@ -15,9 +20,11 @@ decodes it per table and replaces the tables' Parquet atomically.
   which stop the query between batches (exit 0). ``--once`` stopped that way
   exits 1: it did not catch up.
 
-Progress lives in ``DIR/.cdcd-mirror/checkpoint`` (Spark's offsets) and
-``DIR/.cdcd-mirror/state.json`` (the mirror): both modes continue from where
-any earlier run stopped.
+Progress lives in Spark's checkpoint (``DIR/.cdcd-mirror/checkpoint`` for a
+local output, ``--checkpoint`` otherwise) and in each Delta table's commits
+(transaction identifiers per Spark query and batch): both modes continue
+from where any earlier run stopped, and a batch replayed after a crash is
+applied once.
 
 The Spark session: when ``cdcd mirror`` is started directly (not through
 ``spark-submit``, and without ``--master`` in ``PYSPARK_SUBMIT_ARGS``), it
@@ -46,7 +53,6 @@ from typing import TYPE_CHECKING, Any
 
 from cdcd.config.model import CdcdConfig, load_config
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
-from cdcd.naming import split_table, table_topic, table_topic_pattern
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -61,6 +67,17 @@ log = logging.getLogger("cdcd.mirror")
 TRIGGER_INTERVAL_S = 2.0
 STOP_WAIT_S = 120.0
 MAX_OFFSETS_PER_TRIGGER = 500_000
+
+
+def storage_options(pairs: list[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--storage-option {pair!r} is not KEY=VALUE")
+        options[key] = value
+    return options
+
 
 _SESSION_DEFAULTS = {
     "spark.sql.shuffle.partitions": "4",
@@ -121,15 +138,10 @@ def _subscription(config: CdcdConfig) -> dict[str, str]:
     from cdcd.spark.reader import kafka_options
 
     extra = {"maxOffsetsPerTrigger": str(MAX_OFFSETS_PER_TRIGGER)}
-    if config.postgres.table_names:
-        topics = []
-        for name in config.postgres.table_names:
-            schema, table = split_table(name)
-            topics.append(table_topic(config.kafka.topic_prefix, schema, table))
-        return kafka_options(config, topics=topics, extra=extra)
-    return kafka_options(
-        config, pattern=table_topic_pattern(config.kafka.topic_prefix), extra=extra
-    )
+    topics, pattern = config.subscription()
+    if pattern is not None:
+        return kafka_options(config, pattern=pattern, extra=extra)
+    return kafka_options(config, topics=topics, extra=extra)
 
 
 _PYTHON_ERROR = re.compile(r"^(?:cdcd\.errors\.)?(\w*Error): (.+)$")
@@ -170,24 +182,34 @@ class _Stop:
 
 
 def start_query(
-    spark: SparkSession, config: CdcdConfig, output: Path, *, once: bool, interval_s: float
+    spark: SparkSession,
+    config: CdcdConfig,
+    output: str | Path,
+    *,
+    once: bool,
+    interval_s: float,
+    options: Mapping[str, str] | None = None,
+    checkpoint: str | None = None,
 ) -> tuple[StreamingQuery, MirrorJob]:
-    from cdcd.spark.mirror import MirrorJob, MirrorStore
+    from cdcd.spark.mirror import MirrorJob, MirrorStore, is_local
     from cdcd.spark.reader import read_raw, schema_catalog
 
-    store = MirrorStore(output)
+    store = MirrorStore(output, options)
     store.open()
-    if not (store.checkpoint / "offsets").is_dir():
-        # A new (or deleted) checkpoint numbers batches from 0 again and reads
-        # from the start; applying is idempotent, so nothing is skipped.
-        store.batch_id = -1
-    options = _subscription(config)
-    catalog = schema_catalog(config, options)
-    raw: DataFrame = read_raw(spark, options, streaming=True)
+    if checkpoint is None:
+        if not is_local(store.root):
+            raise ConfigError(
+                f"--output {output} is not a local directory",
+                hint="give Spark a --checkpoint directory it can write",
+            )
+        checkpoint = store.checkpoint
+    subscription = _subscription(config)
+    catalog = schema_catalog(config, subscription)
+    raw: DataFrame = read_raw(spark, subscription, streaming=True)
     job = MirrorJob(store, catalog)
     writer = (
         raw.writeStream.foreachBatch(job)
-        .option("checkpointLocation", str(store.checkpoint))
+        .option("checkpointLocation", checkpoint)
         .queryName("cdcd-mirror")
     )
     writer = (
@@ -195,17 +217,25 @@ def start_query(
         if once
         else writer.trigger(processingTime=f"{interval_s} seconds")
     )
-    return writer.start(), job
+    query = writer.start()
+    # The query's id lives in its checkpoint: batch ids count per id, so a new
+    # (or deleted) checkpoint, which numbers batches from 0 again, gets a new
+    # app id and skips nothing.
+    store.set_app_id(f"cdcd-mirror-{query.id}")
+    job.ready.set()
+    return query, job
 
 
 def run_mirror(
     config: CdcdConfig,
-    output: Path,
+    output: str | Path,
     *,
     once: bool,
     spark: SparkSession | None = None,
     interval_s: float = TRIGGER_INTERVAL_S,
     spark_log_level: str = "FATAL",
+    options: Mapping[str, str] | None = None,
+    checkpoint: str | None = None,
 ) -> int:
     """Run the mirror query; returns the exit code (errors raise :class:`CdcdError`)."""
     own_session = spark is None
@@ -216,7 +246,15 @@ def run_mirror(
     stop.install()
     started = time.monotonic()
     try:
-        query, job = start_query(session, config, output, once=once, interval_s=interval_s)
+        query, job = start_query(
+            session,
+            config,
+            output,
+            once=once,
+            interval_s=interval_s,
+            options=options,
+            checkpoint=checkpoint,
+        )
         failure: BaseException | None
         try:
             while query.isActive:
@@ -254,6 +292,28 @@ def run_mirror(
             session.stop()
 
 
+def maintain(
+    output: str, options: Mapping[str, str], *, optimize: bool, vacuum: bool, retention_hours: int
+) -> int:
+    """``--optimize`` and/or ``--vacuum`` every mirrored table under ``output``."""
+    from cdcd.spark.mirror import MirrorStore
+
+    store = MirrorStore(output, options)
+    store.open()
+    if optimize:
+        for name, metrics in store.optimize().items():
+            log.info(
+                "optimized %s: %s files removed, %s added",
+                name,
+                metrics.get("numFilesRemoved"),
+                metrics.get("numFilesAdded"),
+            )
+    if vacuum:
+        for name, removed in store.vacuum(retention_hours).items():
+            log.info("vacuumed %s: %d files deleted", name, removed)
+    return 0
+
+
 def cmd_mirror(args: argparse.Namespace) -> int:
     """``cdcd mirror`` (dispatched from :mod:`cdcd.cli`)."""
     from cdcd.observability.logging import setup_logging
@@ -262,13 +322,26 @@ def cmd_mirror(args: argparse.Namespace) -> int:
     setup_logging(config.metrics.log_format, "DEBUG" if args.debug else config.metrics.log_level)
     if not args.debug:
         logging.getLogger("py4j").setLevel(logging.WARNING)  # its callback server chatter
-    output = Path(args.output)
-    if output.exists() and not output.is_dir():
+    from cdcd.spark.mirror import is_local
+
+    output = str(args.output)
+    if is_local(output) and Path(output).exists() and not Path(output).is_dir():
         raise ConfigError(f"--output {output} exists and is not a directory")
+    options = storage_options(list(args.storage_option))
     try:
+        if args.optimize or args.vacuum:
+            return maintain(
+                output, options, optimize=args.optimize, vacuum=args.vacuum,
+                retention_hours=int(args.retention_hours),
+            )  # fmt: skip
         # The failure is reported as one line; Spark's own logs only with --debug.
         return run_mirror(
-            config, output, once=bool(args.once), spark_log_level="WARN" if args.debug else "FATAL"
+            config,
+            output,
+            once=bool(args.once),
+            spark_log_level="WARN" if args.debug else "FATAL",
+            options=options,
+            checkpoint=args.checkpoint,
         )
     except CdcdError:
         raise

@@ -41,7 +41,7 @@ from cdcd.config.kafka_client import admin_config
 from cdcd.config.model import CdcdConfig, load_config
 from cdcd.consumer import SchemaCatalog
 from cdcd.errors import ConfigError, DefiniteError
-from cdcd.naming import split_table, table_topic, table_topic_pattern
+from cdcd.naming import split_table, table_topic_pattern
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -215,7 +215,7 @@ def read_changes(
     if not isinstance(config, CdcdConfig):
         config = load_config(Path(config))
     schema, name = split_table(table, default_schema="public")
-    topic = table_topic(config.kafka.topic_prefix, schema, name)
+    topic = config.table_topic(schema, name)
     opts = kafka_options(config, topics=[topic], extra=options)
     catalog = schema_catalog(config, opts)
     raw = read_raw(spark, opts, streaming=streaming, source=source)

@@ -54,6 +54,24 @@ def _dsn(primary: LocalPostgres, standby: LocalPostgres) -> str:
     )
 
 
+def _synced(primary: LocalPostgres, standby: LocalPostgres, db: PgDatabase) -> bool:
+    """Whether the standby holds a persistent synchronized copy of the slot.
+
+    The copy stays temporary until the primary's slot moves past where the
+    standby's copy began, which takes a running-xacts record (the background
+    writer logs one every 15 s) and then a round of the slot sync worker
+    (which sleeps up to 30 s while nothing changes). Each poll here logs the
+    record and wakes the worker (a configuration reload sets its latch), so
+    the wait is not those timers'.
+    """
+    if db.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
+                   "AND synced AND NOT temporary", (SLOT,)):
+        return True
+    primary.execute("SELECT pg_log_standby_snapshot()")
+    standby.execute("SELECT pg_reload_conf()")
+    return False
+
+
 def _check(config: Any) -> list[str]:
     result = subprocess.run(
         [sys.executable, "-m", "cdcd", "check", "-c", str(config)], cwd=PROJECT_ROOT,
@@ -131,9 +149,7 @@ def test_promotion_to_a_synchronized_standby(make_pg_cluster, broker, daemons, t
     new = PgDatabase(cluster=standby, dbname="app")
     wait_for(lambda: old.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
                                   "AND active AND failover", (SLOT,)), what="a failover slot")
-    wait_for(lambda: new.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                  "AND synced AND NOT temporary", (SLOT,)),
-             what="the slot synchronized to the standby")
+    wait_for(lambda: _synced(primary, standby, new), what="the slot synchronized to the standby")
     lines = _check(config)
     assert not [line for line in lines if line.startswith("FAIL failover")], lines
     assert f"ok   failover: standby {standby.host}:{standby.port}: slot {SLOT} synchronized " \

@@ -82,7 +82,9 @@ def test_kill9_loop_loses_nothing_and_duplicates_exactly(pg, broker, cdc_config,
     writer.start()
     sampler.start()
     for _ in range(KILLS):
-        time.sleep(rng.uniform(1.0, 4.0))
+        # Some kills land while the new process still starts (under a second),
+        # most while it streams.
+        time.sleep(rng.uniform(0.75, 2.5))
         daemon.kill9()
         daemon = daemons(config)
     time.sleep(2)
@@ -128,4 +130,5 @@ def test_kill9_loop_loses_nothing_and_duplicates_exactly(pg, broker, cdc_config,
             restarts = sum(1 for a, b in zip(positions, positions[1:], strict=False) if b < a)
             assert restarts <= KILLS
     print(f"kills={KILLS} committed={workload.committed} aborted={workload.aborted} "
-          f"duplicates={duplicates} samples={len(samples)}")
+          f"duplicates={duplicates} samples={len(samples)} "
+          f"confirmed values={len(set(confirmed_values))}")

@@ -3,7 +3,7 @@
 ``items`` goes through a fast default, a rename, a dropped column, a
 volatile-default rewrite and a ``USING`` type change; ``bins`` is dropped and
 re-created with other columns and overlapping keys. All under the writer
-(on ``items``). Then one ``cdcd mirror --once`` run builds Parquet from the
+(on ``items``). Then one ``cdcd mirror --once`` run builds Delta tables from the
 topics, and each mirrored table must equal PostgreSQL, row for row and value
 for value, with PostgreSQL's column names.
 """
@@ -24,7 +24,7 @@ from .helpers import KEY, differences, normalize, report, source_rows
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 pytest.importorskip("pyspark")
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("deltalake")
 
 SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
 
@@ -52,7 +52,9 @@ def mirror_differences(conn: Any, output: Path, table: str) -> list[str]:
     path = output / f"public.{table}"
     if not path.exists():
         return [f"public.{table}: no mirror at {path}"]
-    data = pq.read_table(path)
+    from cdcd.spark.mirror import read_mirror
+
+    data = read_mirror(str(path))
     actual = {}
     for row in data.to_pylist():
         normalized = {c: normalize(v, types.get(c, "")) for c, v in row.items()}

@@ -65,7 +65,8 @@ def _initial_with_writes(pg, broker, cdc_config, daemons, rows: int, chunk_rows:
 
 
 def test_initial_snapshot_with_concurrent_writes(pg, broker, cdc_config, daemons) -> None:
-    _initial_with_writes(pg, broker, cdc_config, daemons, rows=50_000, chunk_rows=2_000)
+    # 25 chunks, as in the slow million-row variant's 100: enough to interleave with the writer.
+    _initial_with_writes(pg, broker, cdc_config, daemons, rows=20_000, chunk_rows=800)
 
 
 @pytest.mark.slow
@@ -158,11 +159,12 @@ def test_kill9_during_initial_snapshot_completes_it_incrementally(pg, broker, cd
     conn = pg.connect()
     names = ["orders", "orders_b", "orders_c"]
     for name in names:
-        create_orders(conn, 40_000, table=name)
+        create_orders(conn, 12_000, table=name)
     slot = "cdcd_" + pg.dbname[:50]
+    # 40 chunks per table: the kill lands while the second table is being read.
     config = cdc_config(tables=[f"public.{n}" for n in names],
-                        snapshot={"chunk_rows": 1_000, "parallelism": 1})
-    writers = [Writer(pg, 40_000, seed=i, table=n, pause_s=0.002).start() for i, n in enumerate(names)]
+                        snapshot={"chunk_rows": 300, "parallelism": 1})
+    writers = [Writer(pg, 12_000, seed=i, table=n, pause_s=0.002).start() for i, n in enumerate(names)]
     first = daemons(config)
 
     def one_table_done() -> bool:

@@ -703,10 +703,14 @@ def source_rows(conn: psycopg2.extensions.connection, table: str) -> list[dict[s
 
 
 def mirror_rows(mirror: Path, table: str) -> tuple[list[str], list[dict[str, Any]], Any]:
-    """(column names, normalized rows, Arrow schema) of ``DIR/public.<table>``."""
-    import pyarrow.parquet as pq
+    """(column names, normalized rows, Arrow schema) of the Delta table ``DIR/public.<table>``.
 
-    data = pq.read_table(mirror / f"public.{table}")
+    Read by deltalake (delta-rs), not by the code that wrote it: the files
+    its log lists, without the row-version columns.
+    """
+    from cdcd.spark.mirror import read_mirror
+
+    data = read_mirror(str(mirror / f"public.{table}"))
     specs = SPECS[table]
     plain = Spec("", "", lambda r: None)
     rows = [

@@ -7,6 +7,9 @@
   with its own topic prefix and slot; daemons killed after the test).
 - ``mirrors``: ``python -m cdcd mirror ...`` child processes, killed after
   the test.
+- ``mirror_once``: ``cdcd mirror --once`` run in this process on the shared
+  session (what the command does after building its session), saving a
+  JVM start per run.
 """
 
 from __future__ import annotations
@@ -102,3 +105,22 @@ def mirrors(tmp_path: Path) -> Iterator[Callable[..., MirrorProcess]]:
     yield start
     for process in started:
         process.kill()
+
+
+@pytest.fixture
+def mirror_once(spark: Any) -> Callable[[Path, Path], float]:
+    """Run ``cdcd mirror --once`` on the shared session; returns its duration in seconds."""
+    import time
+
+    from cdcd.config.model import load_config
+    from cdcd.spark.cli import run_mirror
+
+    def run(config: Path, output: Path) -> float:
+        started = time.monotonic()
+        try:
+            assert run_mirror(load_config(config), output, once=True, spark=spark) == 0
+        finally:
+            print(f"mirror --once into {output.name}: {time.monotonic() - started:.1f} s")
+        return time.monotonic() - started
+
+    return run

@@ -6,7 +6,6 @@ These run in the default suite (no ``spark`` marker); they need only pyarrow.
 from __future__ import annotations
 
 import json
-import os
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,9 @@ from typing import Any
 import pytest
 
 pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("deltalake")
 
-from cdcd.errors import ConfigError, DefiniteError  # noqa: E402
+from cdcd.errors import DefiniteError  # noqa: E402
 from cdcd.spark.apply import (  # noqa: E402
     META_LSN,
     META_SEQ,
@@ -27,7 +26,7 @@ from cdcd.spark.apply import (  # noqa: E402
     table_dir_name,
 )
 from cdcd.spark.layout import RowLayout, changes_arrow_schema  # noqa: E402
-from cdcd.spark.mirror import MirrorStore  # noqa: E402
+from cdcd.spark.mirror import MirrorStore, read_mirror  # noqa: E402
 
 ROW = {
     "type": "record",
@@ -115,7 +114,7 @@ def changes(records: list[dict[str, Any]], layout: RowLayout = LAYOUT) -> Any:
 
 def contents(result_rows: Any) -> dict[int, dict[str, Any]]:
     return {
-        r["id"]: {k: v for k, v in r.items() if not k.startswith("__cdcd")}
+        r["id"]: {k: v for k, v in r.items() if not k.startswith("_cdcd")}
         for r in result_rows.to_pylist()
     }
 
@@ -400,89 +399,65 @@ def state_for(layout_row: dict[str, Any] = ROW) -> TableState:
     )
 
 
-def test_store_commits_generations_behind_an_atomic_link(tmp_path: Path) -> None:
+def _store_batch(store: MirrorStore, batch_id: int, records: list[dict[str, Any]]) -> Any:
+    from cdcd.spark.decode import NativeChanges
+    from cdcd.spark.mirror import MirrorJob
+
+    catalog: Any = None
+    native = NativeChanges(
+        "pg.public.t", b"h", LAYOUT, changes(records), tuple(range(len(records)))
+    )
+    job = MirrorJob(store, catalog)
+    job.catalog = type("Catalog", (), {"schema": staticmethod(lambda header: envelope(ROW))})()
+    return job.apply(batch_id, {"pg.public.t": [native]})
+
+
+def test_store_merges_batches_into_a_delta_table(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
     store = MirrorStore(tmp_path)
     store.open()
-    state = state_for()
-    first = apply_changes(
-        empty_rows(LAYOUT), changes([change("c", 1, after=row(1, "1.00", "a"))]), LAYOUT
-    )
-    written = store.write_generation(state, first.rows)
-    store.commit(0, {"pg.public.t": written})
-    link = tmp_path / "public.t"
-    assert link.is_symlink()
-    table = pq.read_table(link)
-    assert table.column_names == ["id", "amount", "doc", "Odd name"]  # versions are not in the data
-    assert table.to_pylist() == [row(1, "1.00", "a")]
+    _store_batch(store, 0, [change("c", 1, after=row(1, "1.00", "a")),
+                            change("c", 1, 1, after=row(2, "1.00", "x"))])  # fmt: skip
+    _store_batch(store, 1, [change("u", 2, after=row(1, "2.00", "b")), change("d", 3,
+                            before=row(2))])  # fmt: skip
+    table = read_mirror(str(tmp_path / "public.t"))
+    assert table.column_names == ["id", "amount", "doc", "Odd name"]  # versions left out
+    assert table.to_pylist() == [row(1, "2.00", "b")]
+    delta = DeltaTable(str(tmp_path / "public.t"))
+    assert delta.to_pyarrow_table().column_names[-2:] == ["_cdcd_lsn", "_cdcd_seq"]
+    assert [h["operation"] for h in delta.history()] == ["MERGE", "WRITE"]
+    assert delta.transaction_version("cdcd-mirror") == 1
 
-    second = apply_changes(
-        store.read_rows(written), changes([change("u", 2, after=row(1, "2.00", "b"))]), LAYOUT
-    )
-    store.commit(1, {"pg.public.t": store.write_generation(written, second.rows)})
-    third = store.write_generation(store.tables["pg.public.t"], second.rows)
-    store.commit(2, {"pg.public.t": third})
-    assert pq.read_table(link).to_pylist() == [row(1, "2.00", "b")]
-    generations = sorted(
-        p.name for p in (tmp_path / ".cdcd-mirror" / "tables" / "public.t").iterdir()
-    )
-    assert generations == ["0000000002", "0000000003"]  # current and previous only
-
+    # A batch replayed under the same app id is recognised and skipped.
     reopened = MirrorStore(tmp_path)
     reopened.open()
-    assert reopened.batch_id == 2
-    assert reopened.tables["pg.public.t"].generation == 3
-    assert contents(reopened.read_rows(reopened.tables["pg.public.t"])) == {1: row(1, "2.00", "b")}
+    report = _store_batch(reopened, 1, [change("c", 9, after=row(9))])
+    assert report.skipped and read_mirror(str(tmp_path / "public.t")).num_rows == 1
+    assert reopened.tables["pg.public.t"].state.truncated_at is None
 
 
-def test_store_recovers_from_a_crash_before_the_commit(tmp_path: Path) -> None:
+def test_state_travels_in_the_commit_metadata(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
     store = MirrorStore(tmp_path)
     store.open()
-    rows = apply_changes(empty_rows(LAYOUT), changes([change("c", 1, after=row(1))]), LAYOUT).rows
-    committed = store.write_generation(state_for(), rows)
-    store.commit(0, {"pg.public.t": committed})
-    # A generation written but never committed, a temporary directory, a stray link.
-    orphan = store.write_generation(committed, rows.slice(0, 0))
-    (tmp_path / ".cdcd-mirror" / "tables" / "public.t" / ".tmp-0000000009-x").mkdir()
-    os.symlink("nowhere", tmp_path / ".public.t.link-123")
-    os.replace(tmp_path / "public.t", tmp_path / "old-link")
-    os.symlink("elsewhere", tmp_path / "public.t")
-
-    recovered = MirrorStore(tmp_path)
-    recovered.open()
-    assert recovered.tables["pg.public.t"].generation == committed.generation
-    assert pq.read_table(tmp_path / "public.t").num_rows == 1
-    table_dir = tmp_path / ".cdcd-mirror" / "tables" / "public.t"
-    assert sorted(p.name for p in table_dir.iterdir()) == [f"{committed.generation:010d}"]
-    assert orphan.generation > committed.generation
-    assert not (tmp_path / ".public.t.link-123").exists()
+    _store_batch(store, 4, [change("c", 9, 3, after=row(1), partition=2), change("t", 8)])
+    newest = DeltaTable(str(tmp_path / "public.t")).history(1)[0]
+    document = json.loads(newest["cdcd.mirror"])
+    assert document["batch"] == 4
+    entry = document["state"]
+    assert entry["truncated_at"] == [8, 0] and entry["high_water"] == {"2": [9, 3]}
+    assert read_mirror(str(tmp_path / "public.t")).to_pylist() == [row(1)]
 
 
-def test_store_refuses_to_replace_a_real_directory(tmp_path: Path) -> None:
-    (tmp_path / "public.t").mkdir()
+def test_store_refuses_a_delta_table_it_did_not_write(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    write_deltalake(str(tmp_path / "public.t"), pa.table({"id": [1]}))
     store = MirrorStore(tmp_path)
-    store.open()
-    rows = apply_changes(empty_rows(LAYOUT), changes([change("c", 1, after=row(1))]), LAYOUT).rows
-    with pytest.raises(ConfigError, match="not a mirror link"):
-        store.commit(0, {"pg.public.t": store.write_generation(state_for(), rows)})
-
-
-def test_state_file_is_json_with_versions(tmp_path: Path) -> None:
-    store = MirrorStore(tmp_path)
-    store.open()
-    result = apply_changes(
-        empty_rows(LAYOUT),
-        changes([change("c", 7, 3, after=row(1), partition=2), change("t", 8)]),
-        LAYOUT,
-    )
-    state = state_for()
-    state.truncated_at = result.truncated_at
-    state.high_water = result.high_water
-    store.commit(4, {"pg.public.t": store.write_generation(state, result.rows)})
-    document = json.loads((tmp_path / ".cdcd-mirror" / "state.json").read_text())
-    entry = document["tables"]["pg.public.t"]
-    assert document["batch_id"] == 4
-    assert entry["truncated_at"] == [8, 0] and entry["high_water"] == {"2": [7, 3]}
-    assert entry["rows"] == 0
+    with pytest.raises(DefiniteError, match="did not write"):
+        store.open()
 
 
 @pytest.mark.parametrize(
@@ -495,3 +470,53 @@ def test_state_file_is_json_with_versions(tmp_path: Path) -> None:
 )
 def test_table_dir_names(schema: str, table: str, expected: str) -> None:
     assert table_dir_name(schema, table) == expected
+
+
+def test_optimize_and_vacuum_keep_the_rows_and_the_state(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    uri = f"file://{tmp_path}"  # the URI path of the store, as for object storage
+    store = MirrorStore(uri)
+    store.open()
+    for batch in range(4):
+        _store_batch(store, batch, [change("c", 10 + batch, after=row(batch, doc=f"d{batch}"))])
+    table = DeltaTable(str(tmp_path / "public.t"))
+    files = len(table.file_uris())
+    assert files == 4
+    metrics = store.optimize()
+    assert metrics["public.t"]["numFilesRemoved"] == 4
+    removed = store.vacuum(retention_hours=0)
+    assert removed["public.t"] == 4
+    table = DeltaTable(str(tmp_path / "public.t"))
+    assert len(table.file_uris()) == 1
+    assert sorted(r["id"] for r in read_mirror(str(tmp_path / "public.t")).to_pylist()) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    # The mirror state survives commits that are not its own MERGEs.
+    reopened = MirrorStore(uri)
+    reopened.open()
+    assert reopened.tables["pg.public.t"].applied_batch == 3
+    _store_batch(reopened, 4, [change("d", 20, before=row(0))])
+    assert sorted(r["id"] for r in read_mirror(str(tmp_path / "public.t")).to_pylist()) == [1, 2, 3]
+
+
+def test_a_held_back_create_alone_in_its_batch_is_kept_in_the_table_state(tmp_path: Path) -> None:
+    # The create of a key change arrives a batch before its delete, and alone:
+    # the batch changes no row, yet its held-back create must be committed.
+    from deltalake import DeltaTable
+
+    store = MirrorStore(tmp_path)
+    store.open()
+    _store_batch(store, 0, [change("c", 1, after=row(1, "1.00", "big doc"))])
+    report = _store_batch(
+        store, 1, [change("c", 5, 2, after=row(2, "1.00", None), toast=("doc",), partition=1)]
+    )
+    assert report.tables["public.t"].held_back == 1
+    assert DeltaTable(str(tmp_path / "public.t")).transaction_version("cdcd-mirror") == 1
+    reopened = MirrorStore(tmp_path)  # the pending create comes from the table, not memory
+    reopened.open()
+    _store_batch(reopened, 2, [change("d", 5, 0, before=row(1))])
+    assert read_mirror(str(tmp_path / "public.t")).to_pylist() == [row(2, "1.00", "big doc")]

@@ -1,16 +1,17 @@
-"""End to end: PostgreSQL -> daemon -> broker -> ``cdcd mirror --once`` -> Parquet == tables.
+"""End to end: PostgreSQL -> daemon -> broker -> ``cdcd mirror --once`` -> Delta == tables.
 
 A seeded random workload over tables with every SPEC §5 type and arrays
 (:mod:`spark.alltypes`), with the daemon killed with SIGKILL mid-stream
 (twice), each time at a moment when Kafka holds a transaction beyond the
 slot's confirmed position, so the topics certainly hold replayed duplicates
 (see :func:`_crash_with_replay`). ``cdcd mirror --once`` runs
-twice as a child process: after the first stretch, then after
+twice (in this process, on the shared Spark session): after the first stretch, then after
 ``ALTER TABLE ... ADD COLUMN``, more changes, ``DROP COLUMN``, a
 ``TRUNCATE`` and more changes -- so the second run applies to an existing
 mirror, evolves its schema and resumes from its checkpoint. After each run
-every table's Parquet equals the source table, row for row and value for
-value, read with pyarrow and compared typed with a psycopg2 SELECT.
+every table's Delta table equals the source table, row for row and value
+for value, read with deltalake and compared typed with a psycopg2 SELECT.
+``cdcd mirror`` killed with SIGKILL is tests/spark/test_mirror_crash.py.
 """
 
 from __future__ import annotations
@@ -222,14 +223,6 @@ def _wait_confirmed(pg: PgDatabase, slot: str) -> None:
     )
 
 
-def _mirror_once(mirrors: Callable[..., Any], config: Path, output: Path) -> float:
-    started = time.monotonic()
-    process = mirrors(config, output, once=True)
-    code = process.wait(300)
-    assert code == 0, process.log()
-    return time.monotonic() - started
-
-
 def _assert_mirrored(pg: PgDatabase, output: Path) -> None:
     conn = pg.connect()
     problems = [p for table in TABLES for p in differences(conn, output, table)]
@@ -241,7 +234,7 @@ def test_mirror_once_equals_every_table(
     broker: Any,
     cdc_config: Callable[..., Path],
     daemons: Callable[[Path], DaemonProcess],
-    mirrors: Callable[..., Any],
+    mirror_once: Callable[[Path, Path], float],
     tmp_path: Path,
 ) -> None:
     conn = pg.connect()
@@ -266,7 +259,7 @@ def test_mirror_once_equals_every_table(
     bootstrap = broker.bootstrap_servers
     daemon, replayed = _write_with_a_crash(pg, workload, 150, bootstrap, slot, daemon, start)
     _wait_confirmed(pg, slot)
-    first_s = _mirror_once(mirrors, config, output)
+    first_s = mirror_once(config, output)
     _assert_mirrored(pg, output)
 
     # Stretch 2: the schema changes, a truncate, another crash.
@@ -282,7 +275,7 @@ def test_mirror_once_equals_every_table(
     workload.touch_all_tables(writer)
     _wait_confirmed(pg, slot)
     assert daemon.terminate() == 0, daemon.log()
-    second_s = _mirror_once(mirrors, config, output)
+    second_s = mirror_once(config, output)
     _assert_mirrored(pg, output)
 
     # The run really had duplicates to cope with, and every kind of statement.

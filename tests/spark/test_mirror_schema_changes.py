@@ -3,7 +3,7 @@
 Drives :meth:`cdcd.spark.mirror.MirrorJob.apply` -- everything ``cdcd
 mirror`` does with a decoded micro-batch: pick the newest schema, resolve
 older records to it, evolve the stored rows, apply, write a generation and
-commit -- on a real output directory, with messages encoded by hand-built
+commit a MERGE -- on a real output directory, with messages encoded by hand-built
 writer schemas (:mod:`spark.handbuilt`). Only Spark's decoding job is left
 out (it runs the same pure decoder, :func:`cdcd.spark.decode.decode_native`).
 """
@@ -18,11 +18,11 @@ import pytest
 
 pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("deltalake")
 
 from cdcd.consumer import SchemaCatalog  # noqa: E402
 from cdcd.spark.decode import decode_native  # noqa: E402
-from cdcd.spark.mirror import MirrorJob, MirrorStore  # noqa: E402
+from cdcd.spark.mirror import MirrorJob, MirrorStore, read_mirror  # noqa: E402
 from spark.envelopes import Message, kafka_batch  # noqa: E402
 from spark.handbuilt import (  # noqa: E402
     DECIMAL_12_2,
@@ -63,7 +63,7 @@ class Mirror:
         """The mirrored table as a reader sees it, by id (re-opened from disk)."""
         reopened = MirrorStore(self.root)
         reopened.open()
-        table = pq.read_table(self.root / "public.t")
+        table = read_mirror(str(self.root / "public.t"))
         return {row["id"]: row for row in table.to_pylist()}
 
 
@@ -155,6 +155,6 @@ def test_a_recreated_table_with_other_types_replaces_the_old_rows(tmp_path: Path
             topic.change(v2, "c", lsn=21, after={"id": "k", "a": None}),
         ]
     )
-    table = pq.read_table(tmp_path / "public.t")
+    table = read_mirror(str(tmp_path / "public.t"))
     assert table.schema.field("id").type == pa.string()
     assert table.to_pylist() == [{"id": "k", "a": None}]

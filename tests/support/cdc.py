@@ -30,6 +30,12 @@ from support.kafka import consume_all
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
+#: For a daemon (or ``cdcd run``) a test expects to exit 1 once its startup
+#: retries are used up: a 4 s window (cdcd.daemon.STARTUP_RETRY_ENV, a test
+#: hook) still retries twice (backoff 1 s, 2 s) but spares the test the
+#: production 30 s window (about 15 s of waiting each).
+SHORT_STARTUP_RETRY_ENV = {"CDCD_TEST_STARTUP_RETRY_S": "4"}
+
 
 def write_config(
     path: Path,
@@ -197,11 +203,16 @@ def read_changes(
 ) -> list[Change]:
     """Every change message of the table topics, decoded, in arrival order per partition."""
     topic_list = list(topics) if topics is not None else table_topics(bootstrap, prefix)
+    records = read_records(bootstrap, topic_list, expected=expected, timeout_s=timeout_s,
+                           idle_s=idle_s)
+    # Schemas after the records: cdcd publishes a schema (acknowledged) before
+    # the first record that uses it, so every record read has its schema
+    # there now -- read first, a record still on its way would not.
     book = SchemaBook()
     book.load(bootstrap, prefix)
     return [
         Change(r.topic, r.partition, r.offset, r.lsn, r.seq, book.decode(r.key), book.decode(r.value))
-        for r in read_records(bootstrap, topic_list, expected=expected, timeout_s=timeout_s, idle_s=idle_s)
+        for r in records
     ]
 
 
@@ -340,10 +351,10 @@ def read_resolved_changes(
     lsn/seq, op) that plain Avro resolution cannot read with the newest schema.
     """
     topic_list = list(topics) if topics is not None else table_topics(bootstrap, prefix)
-    book = SchemaBook()
-    book.load(bootstrap, prefix)
     records = read_records(bootstrap, topic_list, expected=expected, timeout_s=timeout_s,
                            idle_s=idle_s)
+    book = SchemaBook()  # after the records, as in read_changes
+    book.load(bootstrap, prefix)
     newest_value: dict[str, tuple[tuple[int, int], str]] = {}
     newest_key: dict[str, tuple[tuple[int, int], str]] = {}
     for record in records:

@@ -553,8 +553,13 @@ class MirrorStore:
         recent: pa.Table | None,
         evolve_schema: bool,
         fault: _Fault | None = None,
+        fresh: bool = False,
     ) -> Mirrored:
-        """One commit: ``upserts`` and ``deletes`` by identity, a truncate, and the progress."""
+        """One commit: ``upserts`` and ``deletes`` by identity, a truncate, and the progress.
+
+        ``fresh``: the table holds no row with the identity of any upsert (the
+        caller read the touched rows and found none).
+        """
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         uri = (
@@ -573,6 +578,13 @@ class MirrorStore:
             custom_metadata=self._metadata(updated, batch_id),
             app_transactions=[Transaction(self.app_id, batch_id)],
         )
+        append_only = (
+            fresh
+            and upserts.num_rows > 0
+            and deletes.num_rows == 0
+            and truncate is None
+            and not evolve_schema
+        )
         if fault is not None and fault.armed("before-merge", batch_id):
             _kill_self("before the MERGE")
         watcher = None
@@ -589,8 +601,9 @@ class MirrorStore:
             )
             watcher[0].start()
         try:
-            if mirrored is None:
-                # A new table: the first build is a plain write of what the batch left.
+            if mirrored is None or append_only:
+                # A new table, or rows none of whose keys are stored: a plain
+                # write of what the batch left (a MERGE would join the table).
                 write_deltalake(
                     uri,
                     upserts,
@@ -632,6 +645,18 @@ class MirrorStore:
             ]
         )
         on = " AND ".join(f"t.{_ident(n)} = s.{_ident(n)}" for n in identity)
+        # delta-rs prunes target files only by a condition on the target
+        # itself: the range of the batch's first identity column, so that a
+        # batch of recent keys reads the files that hold them, not the table.
+        # Not with a truncate: its delete of the rows no source row matches
+        # must see every file.
+        bounds = (
+            _range_condition("t", identity[0], source.column(identity[0]))
+            if truncate is None and source.num_rows
+            else None
+        )
+        if bounds:
+            on = f"{bounds} AND {on}"
         delta = self._delta(mirrored.uri)
         before = delta.version()
         if source.num_rows == 0 and truncate is None:
@@ -720,6 +745,30 @@ class MirrorStore:
                 )
             out[mirrored.state.name] = removed
         return out
+
+
+def _sql_literal(value: Any) -> str | None:
+    """``value`` as a SQL literal of its own type; None for types not spelled here."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return None
+
+
+def _range_condition(alias: str, name: str, values: pa.ChunkedArray | pa.Array) -> str | None:
+    """``alias.name BETWEEN min AND max`` of ``values`` (integers and text only); None otherwise."""
+    kind = values.type
+    if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        return None
+    bounds = pc.min_max(values)
+    low, high = _sql_literal(bounds["min"].as_py()), _sql_literal(bounds["max"].as_py())
+    if low is None or high is None:
+        return None
+    column = f"{alias}.{_ident(name)}"
+    return f"{column} >= {low} AND {column} <= {high}"
 
 
 def _candidate_files(delta: DeltaTable, wanted: Mapping[str, pa.Array]) -> set[str] | None:
@@ -961,6 +1010,7 @@ class MirrorJob:
             side = store._read_side(mirrored)
             pending = _since(side.pending, truncate, "lsn", "seq")
             touched = store.read_touched(mirrored, changes, pending)
+        fresh = touched.num_rows == 0
         touched = _since(touched, truncate, META_LSN, META_SEQ)
         assert touched is not None
         base_state = mirrored.state if mirrored is not None else state
@@ -989,5 +1039,6 @@ class MirrorJob:
             recent=result.recent_deletes,
             evolve_schema=evolve_schema,
             fault=self.fault,
+            fresh=fresh,
         )
         return changes.num_rows + dropped, state.name, result.stats

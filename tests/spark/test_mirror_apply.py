@@ -520,3 +520,18 @@ def test_a_held_back_create_alone_in_its_batch_is_kept_in_the_table_state(tmp_pa
     reopened.open()
     _store_batch(reopened, 2, [change("d", 5, 0, before=row(1))])
     assert read_mirror(str(tmp_path / "public.t")).to_pylist() == [row(2, "1.00", "big doc")]
+
+
+def test_merge_bounds_the_target_by_the_batchs_key_range() -> None:
+    """delta-rs prunes files only by a target condition: integer and text keys get one, quoted."""
+    import pyarrow as pa
+
+    from cdcd.spark.mirror import _range_condition
+
+    assert _range_condition("t", "id", pa.array([7, 3, 12])) == 't."id" >= 3 AND t."id" <= 12'
+    assert (
+        _range_condition("t", "code", pa.chunked_array([["b'x", "a"]]))
+        == "t.\"code\" >= 'a' AND t.\"code\" <= 'b''x'"
+    )
+    assert _range_condition("t", "flag", pa.array([True, False])) is None
+    assert _range_condition("t", "at", pa.array([1.5])) is None

@@ -19,7 +19,6 @@ reports STOPPING on shutdown; without systemd these are no-ops.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -30,6 +29,7 @@ import psycopg2
 import psycopg2.errors
 from confluent_kafka import KafkaException
 
+from cdcd.config.hooks import hook_seconds
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import ConfigError, DefiniteError, StartupRetriesExhausted, TransientError
 from cdcd.observability import systemd
@@ -58,19 +58,7 @@ STARTUP_RETRY_ENV = "CDCD_TEST_STARTUP_RETRY_S"
 
 def startup_retry_s(environ: Mapping[str, str] | None = None) -> float:
     """The startup retry window: :data:`STARTUP_RETRY_S` unless the test hook sets it."""
-    raw = (os.environ if environ is None else environ).get(STARTUP_RETRY_ENV, "").strip()
-    if not raw:
-        return STARTUP_RETRY_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= STARTUP_RETRY_S:
-        raise ConfigError(
-            f"{STARTUP_RETRY_ENV}={raw!r}: not a number of seconds in (0, {STARTUP_RETRY_S:.0f}]",
-            hint=f"unset {STARTUP_RETRY_ENV} (a test hook)",
-        )
-    return value
+    return hook_seconds(STARTUP_RETRY_ENV, STARTUP_RETRY_S, environ=environ)
 
 
 #: The exception types behind a transient error, most specific first: the

@@ -63,7 +63,6 @@ says so; give the table a key to snapshot it incrementally with guarantees.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -78,9 +77,10 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from cdcd.ack.tracker import TxnTicket
+from cdcd.config.hooks import hook_seconds
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import TableEncoder
-from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
+from cdcd.errors import CdcdError, DefiniteError, TransientError
 from cdcd.naming import WATERMARK_PREFIX, format_table, split_table
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.messages import LogicalMessage
@@ -128,19 +128,9 @@ POLL_INTERVAL_ENV = "CDCD_TEST_SNAPSHOT_POLL_INTERVAL_S"
 
 def poll_interval_s() -> float:
     """:data:`POLL_INTERVAL_S` unless the test hook shortens it."""
-    raw = os.environ.get(POLL_INTERVAL_ENV, "").strip()
-    if not raw:
-        return POLL_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= POLL_INTERVAL_S:
-        raise ConfigError(
-            f"{POLL_INTERVAL_ENV}={raw!r}: not a number of seconds in (0, {POLL_INTERVAL_S:.0f}]",
-            hint=f"unset {POLL_INTERVAL_ENV} (a test hook)",
-        )
-    return value
+    return hook_seconds(POLL_INTERVAL_ENV, POLL_INTERVAL_S)
+
+
 _XID_MASK = 0xFFFFFFFF
 
 

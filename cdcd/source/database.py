@@ -10,7 +10,6 @@ Every definite error names the object and what to change.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -24,6 +23,7 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from cdcd.config.dsn import redact_dsn_message
+from cdcd.config.hooks import hook_seconds
 from cdcd.config.model import PostgresConfig, redact_dsn
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
 from cdcd.naming import HEARTBEAT_PREFIX, format_table
@@ -1693,20 +1693,9 @@ ORDER BY 9 DESC, 3 DESC NULLS LAST
 
 def _slot_wait_log_interval_s() -> float:
     """:data:`SLOT_WAIT_LOG_INTERVAL_S` unless the test hook shortens it."""
-    raw = os.environ.get(SLOT_WAIT_LOG_INTERVAL_ENV, "").strip()
-    if not raw:
-        return SLOT_WAIT_LOG_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not _SLOT_WAIT_BEAT_S <= value <= SLOT_WAIT_LOG_INTERVAL_S:
-        raise ConfigError(
-            f"{SLOT_WAIT_LOG_INTERVAL_ENV}={raw!r}: not a number of seconds in "
-            f"[{_SLOT_WAIT_BEAT_S:.0f}, {SLOT_WAIT_LOG_INTERVAL_S:.0f}]",
-            hint=f"unset {SLOT_WAIT_LOG_INTERVAL_ENV} (a test hook)",
-        )
-    return value
+    return hook_seconds(
+        SLOT_WAIT_LOG_INTERVAL_ENV, SLOT_WAIT_LOG_INTERVAL_S, minimum=_SLOT_WAIT_BEAT_S
+    )
 
 
 def wait_for_slot_creation(

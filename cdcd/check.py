@@ -14,16 +14,14 @@ from typing import Any, NamedTuple
 from psycopg2.extensions import make_dsn, parse_dsn
 
 from cdcd.config.model import CdcdConfig, redact_dsn
-from cdcd.decode.relations import RelationCache
 from cdcd.envelope.schemas import envelope_schema, key_schema
 from cdcd.errors import CdcdError, ConfigError
 from cdcd.naming import format_table, table_topic
 from cdcd.observability.http import parse_listen
 from cdcd.pipeline.resync import check_slot
-from cdcd.sink.topics import topic_overrides
 from cdcd.snapshot.rows import published_relation, published_units
 from cdcd.snapshot.store import SignalTable, SignalTableUnavailable
-from cdcd.source.catalog import PgCatalog, column_dimensions
+from cdcd.source.catalog import PgCatalog
 from cdcd.source.database import (
     BROKEN,
     HARMLESS,
@@ -780,12 +778,7 @@ def table_schemas(config: CdcdConfig) -> list[dict[str, Any]]:
     pg = config.postgres
     with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
         tables = _captured_tables(config, db)
-        relations = RelationCache(
-            PgCatalog(db.conn),
-            key_lookup=db.primary_key,
-            dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
-        )
-        overrides = topic_overrides(pg)
+        relations = db.relation_cache(PgCatalog(db.conn))
         out = []
         for schema, table in tables:
             name = format_table(schema, table)
@@ -795,9 +788,7 @@ def table_schemas(config: CdcdConfig) -> list[dict[str, Any]]:
                 db, schema, table, pg.publication, pg.table_config(name).columns
             )
             version, _ = relations.on_relation(relation)
-            topic = overrides.get((schema, table)) or table_topic(
-                config.kafka.topic_prefix, schema, table
-            )
+            topic = config.table_topic(schema, table)
             out.append(
                 {
                     "table": name,

@@ -36,7 +36,6 @@ from cdcd.config.dsn import redact_dsn as redact_dsn
 from cdcd.config.dsn import substitute_dsn
 from cdcd.errors import ConfigError
 from cdcd.naming import (
-    format_table,
     matches_table,
     parse_table,
     table_globs,
@@ -234,6 +233,16 @@ class PostgresConfig(_Model):
                     return entry
         return TableConfig(name=name)
 
+    def topic_overrides(self) -> dict[tuple[str, str], str]:
+        """(schema, table) -> the ``topic`` its entry names instead of ``<prefix>.<schema>.<table>``."""
+        out = {}
+        for entry in self.tables or ():
+            if isinstance(entry, TableConfig) and entry.topic:
+                parsed = parse_table(entry.name)
+                assert parsed is not None  # validated; a pattern cannot carry a topic
+                out[parsed] = entry.topic
+        return out
+
     @property
     def patterns(self) -> list[str]:
         """The ``postgres.tables`` entries that are patterns, in order."""
@@ -352,10 +361,8 @@ class CdcdConfig(_Model):
 
     def table_topic(self, schema: str, table: str) -> str:
         """The topic of ``schema.table``: its entry's ``topic``, else ``<prefix>.<schema>.<table>``."""
-        entry = self.postgres.table_config(format_table(schema, table))
-        if entry.topic and entry.globs is None:
-            return entry.topic
-        return table_topic(self.kafka.topic_prefix, schema, table)
+        override = self.postgres.topic_overrides().get((schema, table))
+        return override or table_topic(self.kafka.topic_prefix, schema, table)
 
     def subscription(self) -> tuple[list[str], str | None]:
         """What a consumer of every captured table subscribes to: topics, or a regex.

@@ -54,7 +54,6 @@ from typing import Any
 
 from cdcd.ack.tracker import AckTracker
 from cdcd.config.model import CdcdConfig
-from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat
 from cdcd.errors import DefiniteError, TransientError
@@ -64,10 +63,10 @@ from cdcd.pipeline.schema_changes import SchemaChanges
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Truncate
 from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import check_broker, ensure_topics, topic_overrides, topic_spec
+from cdcd.sink.topics import check_broker, ensure_topics, topic_spec
 from cdcd.snapshot.rows import plan_table
 from cdcd.snapshot.store import CANCELLED, PENDING, RUNNING, SignalTable
-from cdcd.source.catalog import PgCatalog, column_dimensions
+from cdcd.source.catalog import PgCatalog
 from cdcd.source.database import RESYNC_HINT, SlotInfo, SlotLostError, SourceDatabase
 from cdcd.source.slot_holder import slot_holder
 from cdcd.source.versions import require_failover, require_protocol
@@ -313,17 +312,12 @@ def _truncate_topics(
 
         wire = _wire_format(config, sink, ensure)
         catalog = PgCatalog(db.conn)
-        relations = RelationCache(
-            catalog,
-            key_lookup=db.primary_key,
-            dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
-            snapshot=True,
-        )
+        relations = db.relation_cache(catalog, snapshot=True)
         publisher = Publisher(
             sink,
             tracker,
             EnvelopeEncoder(
-                kafka.topic_prefix, db.database, wire, topics=topic_overrides(config.postgres)
+                kafka.topic_prefix, db.database, wire, topics=config.postgres.topic_overrides()
             ),
             wire,
             include=lambda schema, table: True,

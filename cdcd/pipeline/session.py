@@ -54,12 +54,12 @@ from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, topic_overrides, topic_spec
+from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, topic_spec
 from cdcd.snapshot.incremental import IncrementalSnapshots
 from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot, create_slot_with_snapshot
 from cdcd.snapshot.rows import published_units
 from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
-from cdcd.source.catalog import PgCatalog, column_dimensions
+from cdcd.source.catalog import PgCatalog
 from cdcd.source.database import SourceDatabase
 from cdcd.source.markers import MarkerTransactions
 from cdcd.source.replication import ReplicationStream
@@ -331,21 +331,12 @@ class Session:
             start, on_complete=self._on_complete, classify=sink.delivery_failure
         )
         catalog = PgCatalog(db.conn)
-        relations = RelationCache(
-            catalog,
-            key_lookup=db.primary_key,
-            dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
-        )
+        relations = db.relation_cache(catalog)
         # Snapshot reads describe tables from the catalog: a cache of their
         # own, so the stream's cache only ever holds what the walsender sent.
-        snapshot_relations = RelationCache(
-            catalog,
-            key_lookup=db.primary_key,
-            dimensions_lookup=lambda relid: column_dimensions(db.conn, relid),
-            snapshot=True,
-        )
+        snapshot_relations = db.relation_cache(catalog, snapshot=True)
         encoder = EnvelopeEncoder(
-            cfg.kafka.topic_prefix, db.database, wire, topics=topic_overrides(pg)
+            cfg.kafka.topic_prefix, db.database, wire, topics=pg.topic_overrides()
         )
         publisher = Publisher(
             sink,

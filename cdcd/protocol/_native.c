@@ -336,6 +336,24 @@ static PyObject *decoder_call(Decoder *self, PyObject *const *args, size_t nargs
 }
 
 /* Decoder(owner, fallback): calling it decodes one payload, like PgOutputDecoder.decode. */
+/* The byte offset of the object slot `name` of `type`, or -1: with an exception set
+ * when the attribute lookup failed, without one when it is not an object slot. */
+static Py_ssize_t slot_offset(PyObject *type, PyObject *name) {
+    PyObject *descr = PyObject_GetAttr(type, name);
+    if (descr == NULL) {
+        return -1;
+    }
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX || member->type == T_OBJECT) {
+            offset = member->offset;
+        }
+    }
+    Py_DECREF(descr);
+    return offset;
+}
+
 static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *owner, *fallback;
     static char *kwlist[] = {"owner", "fallback", NULL};
@@ -350,20 +368,16 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         PyErr_SetString(PyExc_TypeError, "fallback must be callable");
         return NULL;
     }
-    PyObject *descr = PyObject_GetAttrString((PyObject *)Py_TYPE(owner), "in_stream");
-    if (descr == NULL) {
+    PyObject *in_stream = PyUnicode_InternFromString("in_stream");
+    if (in_stream == NULL) {
         return NULL;
     }
-    Py_ssize_t offset = -1;
-    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type == T_OBJECT_EX || member->type == T_OBJECT) {
-            offset = member->offset;
-        }
-    }
-    Py_DECREF(descr);
+    Py_ssize_t offset = slot_offset((PyObject *)Py_TYPE(owner), in_stream);
+    Py_DECREF(in_stream);
     if (offset < 0) {
-        PyErr_SetString(PyExc_TypeError, "owner.in_stream must be a slot");
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "owner.in_stream must be a slot");
+        }
         return NULL;
     }
     Decoder *self = (Decoder *)type->tp_alloc(type, 0);
@@ -428,15 +442,7 @@ static PyObject *module_configure(PyObject *module, PyObject *args) {
         configured[c].type = (PyTypeObject *)type;
         configured[c].nfields = n;
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *descr = PyObject_GetAttr(type, PySequence_Fast_GET_ITEM(seq, i));
-            Py_ssize_t offset = -1;
-            if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-                PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-                if (member->type == T_OBJECT_EX || member->type == T_OBJECT) {
-                    offset = member->offset;
-                }
-            }
-            Py_XDECREF(descr);
+            Py_ssize_t offset = slot_offset(type, PySequence_Fast_GET_ITEM(seq, i));
             if (offset < 0) {
                 Py_DECREF(seq);
                 if (!PyErr_Occurred()) {

@@ -36,7 +36,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit 
 
 from cdcd import naming
 from cdcd.config.kafka_client import admin_config
-from cdcd.config.model import KafkaConfig, PostgresConfig, TableConfig
+from cdcd.config.model import KafkaConfig
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
 from cdcd.naming import TopicSpec
 from cdcd.sink.reporter import AUTH_CODES, KAFKA_REPORTER, KafkaLogReporter
@@ -46,7 +46,6 @@ __all__ = [
     "admin_config",
     "check_broker",
     "ensure_topics",
-    "topic_overrides",
     "topic_spec",
 ]
 
@@ -61,15 +60,6 @@ def topic_spec(kafka: KafkaConfig, name: str) -> TopicSpec:
         table_partitions=kafka.partitions,
         replication_factor=kafka.replication_factor,
     )
-
-
-def topic_overrides(pg: PostgresConfig) -> dict[tuple[str, str], str]:
-    """(schema, table) -> the ``topic`` its ``postgres.tables`` entry names instead of the default."""
-    return {
-        naming.split_table(entry.name): entry.topic
-        for entry in pg.tables or ()
-        if isinstance(entry, TableConfig) and entry.topic
-    }
 
 
 # --------------------------------------------------------------------- admin

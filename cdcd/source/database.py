@@ -25,11 +25,13 @@ import psycopg2.extras
 from cdcd.config.dsn import redact_dsn_message
 from cdcd.config.hooks import hook_seconds
 from cdcd.config.model import PostgresConfig, redact_dsn
+from cdcd.decode.relations import RelationCache
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
 from cdcd.naming import HEARTBEAT_PREFIX, format_table
 from cdcd.observability import systemd
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Column, Relation
+from cdcd.source.catalog import PgCatalog, column_dimensions
 from cdcd.source.markers import MarkerTransactions
 from cdcd.source.publication import (
     Drift,
@@ -1559,6 +1561,19 @@ class SourceDatabase:
         if not rows:
             return None
         return self._primary_key(int(rows[0][0])) or None
+
+    def relation_cache(self, catalog: PgCatalog, *, snapshot: bool = False) -> RelationCache:
+        """A relation cache that asks this database for keys and array dimensions.
+
+        ``snapshot``: a cache of tables described from the catalog, never
+        from the stream (see :class:`~cdcd.decode.relations.RelationCache`).
+        """
+        return RelationCache(
+            catalog,
+            key_lookup=self.primary_key,
+            dimensions_lookup=lambda relid: column_dimensions(self.conn, relid),
+            snapshot=snapshot,
+        )
 
     def _primary_key(self, oid: int) -> tuple[str, ...]:
         rows = self.query(

@@ -168,15 +168,20 @@ def evolve(
     return pa.Table.from_arrays(arrays, schema=target)
 
 
+def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    """``table`` in exactly ``schema``: its columns selected and cast (Spark's Arrow and
+    Delta readers may widen types); a ``DefiniteError`` naming ``what`` when they do not fit."""
+    if table.schema.equals(schema):
+        return table
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as exc:
+        raise DefiniteError(f"{what} do not have the expected columns: {exc}") from exc
+
+
 def _canonical(changes: pa.Table, layout: RowLayout) -> pa.Table:
     """Decoded changes in exactly :func:`changes_arrow_schema` (Spark's Arrow may differ)."""
-    target = changes_arrow_schema(layout)
-    if changes.schema.equals(target):
-        return changes
-    try:
-        return changes.select(target.names).cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as exc:
-        raise DefiniteError(f"decoded changes do not have the expected columns: {exc}") from exc
+    return conform(changes, changes_arrow_schema(layout), "decoded changes")
 
 
 # ----------------------------------------------------------------------------- apply

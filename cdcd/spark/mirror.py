@@ -79,6 +79,7 @@ from cdcd.spark.apply import (
     TableState,
     Version,
     apply_batch,
+    conform,
     empty_rows,
     evolve,
     reader_changes,
@@ -172,16 +173,6 @@ def _only_added_plain_columns(old: RowLayout, new: RowLayout) -> bool:
         c.default is None and not c.key and not ({c.name, *c.aliases} & known)
         for c in new.columns[count:]
     )
-
-
-def _plain(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Rows read back from Delta in exactly ``schema`` (readers may widen string types)."""
-    if table.schema.equals(schema):
-        return table
-    try:
-        return table.select(schema.names).cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as exc:
-        raise DefiniteError(f"stored rows do not have the expected columns: {exc}") from exc
 
 
 @dataclass
@@ -426,7 +417,7 @@ class MirrorStore:
         )
         found = []
         for batch in plain.to_batches():
-            table = _plain(pa.Table.from_batches([batch]), schema)
+            table = conform(pa.Table.from_batches([batch]), schema, "stored rows")
             if wanted:
                 mask = None
                 for name, values in wanted.items():
@@ -498,7 +489,7 @@ class MirrorStore:
 
         def converted() -> Iterator[pa.RecordBatch]:
             for batch in stored:
-                table = _plain(pa.Table.from_batches([batch]), old_schema)
+                table = conform(pa.Table.from_batches([batch]), old_schema, "stored rows")
                 if truncate is not None:
                     table = table.filter(
                         pc.invert(

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 from decimal import Decimal
 from typing import Any
@@ -124,31 +122,9 @@ def test_invalidated_slot_stops_run_and_resync_restores_equality(
     assert db.fetchone("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,)) == ("reserved",)
 
-    stop = threading.Event()
-    failures: list[BaseException] = []
-    writer_conn = db.connect()
-
-    def write() -> None:
-        writer_conn.autocommit = False
-        try:
-            while not stop.is_set():
-                workload.transaction(writer_conn)
-                time.sleep(0.02)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            failures.append(exc)
-        finally:
-            writer_conn.rollback()
-            writer_conn.autocommit = True
-
-    writer = threading.Thread(target=write, daemon=True)
     daemon = daemons(config)
-    writer.start()
-    try:
+    with workload.writing(db.connect(), pause_s=0.02):
         wait_for(lambda: _job(db, job_id) == "done", timeout_s=120, what="the resync snapshot")
-    finally:
-        stop.set()
-        writer.join(30)
-    assert not failures, failures
     target = current_wal_lsn(conn)
     wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
     assert daemon.terminate() == 0, daemon.log()

@@ -18,6 +18,10 @@ TRUNCATE of ``ledger`` at a random point.
 from __future__ import annotations
 
 import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +139,37 @@ class Workload:
                 self._statement(cur, None)
         conn.commit()
         self.committed += 1
+
+    @contextmanager
+    def writing(self, conn: psycopg2.extensions.connection, pause_s: float) -> Iterator[None]:
+        """Transactions on ``conn`` from a thread while the block runs, ``pause_s`` apart.
+
+        The thread stops (its open transaction rolled back) when the block
+        ends; a block that ends normally then fails on any error the writer met.
+        """
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def write() -> None:
+            conn.autocommit = False
+            try:
+                while not stop.is_set():
+                    self.transaction(conn)
+                    time.sleep(pause_s)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+                failures.append(exc)
+            finally:
+                conn.rollback()
+                conn.autocommit = True
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            writer.join(30)
+        assert not failures, failures
 
     def run(self, conn: psycopg2.extensions.connection, transactions: int, truncate_at: int | None = None) -> None:
         conn.autocommit = False

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from decimal import Decimal
@@ -159,25 +158,7 @@ def test_every_version_streams_snapshots_and_survives_kill9(
         (json.dumps({"data-collections": [f"public.{t}" for t in TABLES]}),),
     )
 
-    stop = threading.Event()
-    failures: list[BaseException] = []
-    writer_conn = vdb.connect()
-
-    def write() -> None:
-        writer_conn.autocommit = False
-        try:
-            while not stop.is_set():
-                workload.transaction(writer_conn)
-                time.sleep(0.01)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            failures.append(exc)
-        finally:
-            writer_conn.rollback()
-            writer_conn.autocommit = True
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
+    with workload.writing(vdb.connect(), pause_s=0.01):
         _big_transactions(vdb.connect())
         # Decoded at PREPARE from protocol v3 on (held until COMMIT PREPARED),
         # at COMMIT PREPARED before.
@@ -199,10 +180,6 @@ def test_every_version_streams_snapshots_and_survives_kill9(
         wait_for(lambda: (job := _job(vdb)) is not None and job["status"] == "done",
                  timeout_s=120, what="the snapshot job to finish")
         wait_for(lambda: workload.committed >= 30, what="30 workload transactions")
-    finally:
-        stop.set()
-        writer.join(30)
-    assert not failures, failures
     target = current_wal_lsn(conn)
     wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,
              what="the daemon to confirm everything written")

@@ -12,6 +12,10 @@ Phases, all on the same fixed, seeded workload (``orders``, SPEC §9):
    decodes at, which no pgoutput consumer can beat. The walsender's CPU
    (utime + stime from ``/proc/<pid>/stat``, pid from the slot's
    ``active_pid``) over the rows is ``walsender_cpu_us_per_row``.
+2b. **Decode ceiling.** ``pg_logical_slot_peek_binary_changes`` on
+   ``cdcd_bench_peek``, a copy of the ceiling slot made before the load, with
+   the same pgoutput options: the server decoding the same WAL with no client
+   at all (wall time, and the backend's CPU from ``/proc/<pid>/sched``).
 3. **cdcd end to end.** The real pipeline drains its slot: decode, envelope,
    produce with ``acks=all``, delivery reports, LSN confirmed. The rate is
    rows divided by the time from the session's start until the slot's
@@ -24,6 +28,11 @@ Phases, all on the same fixed, seeded workload (``orders``, SPEC §9):
    ``snapshot.mode: initial_only`` copies the loaded table (``rows`` rows)
    on a new slot: rows/s and CPU per row from the snapshot's first read to
    its last acknowledgement, for cdcd and for the server backends that read.
+   Then the ``COPY … TO STDOUT`` ceiling: the same table copied to /dev/null
+   on as many connections as the snapshot reads with, and the server's CPU
+   per row during it. The walsender's CPU per row while serving cdcd gives
+   ``walsender_limit_rows_per_s``; ``ratio_*`` keys compare cdcd with each
+   ceiling (docs/bench.md).
 4. **Latency.** ``pgbench`` offers a fixed load (default 10,000 rows/s as
    1,000 transactions/s of 10 rows, ``synchronous_commit=on``) while the
    pipeline runs; for every transaction cdcd records commit time (from the
@@ -31,6 +40,17 @@ Phases, all on the same fixed, seeded workload (``orders``, SPEC §9):
    before it. p50/p99/max over the run, after a warm-up.
 5. **Memory.** ``cdcd run`` as its own process through one transaction of
    ``big_rows`` rows; its peak RSS (VmHWM) is reported.
+6. **Synchronous capture** (``synchronous``; skip with ``--no-synchronous``,
+   or run alone with ``--only synchronous``). cdcd streams a table of its own
+   (slot ``cdcd_bench_sync``, named in ``synchronous_standby_names`` by its
+   default ``application_name``) while one connection commits single-row
+   INSERTs at a fixed rate (``--sync-commits-per-s``, default 200/s, for
+   ``--sync-seconds`` each): into the captured table, into a table cdcd does
+   not capture, then into the captured table with
+   ``synchronous_standby_names`` empty again. The latency is the client's,
+   from sending the INSERT to its return (each commit is its own
+   transaction); p50/p99/max after a warm-up, and the p99 added over the
+   asynchronous run. The setting is restored to what it was.
 
 PostgreSQL and the broker are throwaway ones unless ``--dsn`` /
 ``--bootstrap-servers`` are given (the workload then lives in schema
@@ -71,8 +91,19 @@ SCHEMA = "cdcd_bench"
 PUBLICATION = "cdcd_bench"
 CEILING_SLOT = "cdcd_bench_ceiling"
 CDCD_SLOT = "cdcd_bench_cdcd"
+SYNC_SLOT = "cdcd_bench_sync"
+SYNC_PUBLICATION = "cdcd_bench_sync"
 BIG_SLOT = "cdcd_bench_big"
 SNAPSHOT_SLOT = "cdcd_bench_snapshot"
+#: A copy of the ceiling slot, made before the load, that only the decode
+#: ceiling peeks at (never consumed).
+PEEK_SLOT = "cdcd_bench_peek"
+#: Connections reading cdcd's initial snapshot (``snapshot.parallelism``),
+#: and so the connections of the ``COPY`` ceiling it is compared with.
+SNAPSHOT_CONNECTIONS = 1
+#: pgoutput options of both server-side ceilings (``pg_recvlogical`` and the
+#: peek): the same text decoding for the same publication.
+PGOUTPUT_OPTIONS = (("proto_version", "1"), ("publication_names", PUBLICATION))
 TOPIC_PREFIX = "cdcd_bench"
 #: application_name of the bench's own connections.
 BENCH_APPLICATION = "cdcd_bench"
@@ -108,7 +139,7 @@ class BenchResult:
     cdcd_cpu_us_per_row: float
     walsender_cpu_us_per_row: float
     cpu_count: int
-    snapshot: dict[str, float] | None = None
+    snapshot: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -217,8 +248,9 @@ def _drop_slot(conn: Any, slot: str) -> None:
 
 def _prepare(conn: Any) -> None:
     with conn.cursor() as cur:
-        for slot in (CEILING_SLOT, CDCD_SLOT, BIG_SLOT, SNAPSHOT_SLOT):
+        for slot in (CEILING_SLOT, CDCD_SLOT, PEEK_SLOT, BIG_SLOT, SNAPSHOT_SLOT, SYNC_SLOT):
             _drop_slot(conn, slot)
+        cur.execute(f"DROP PUBLICATION IF EXISTS {SYNC_PUBLICATION}")
         cur.execute(f"DROP PUBLICATION IF EXISTS {PUBLICATION}")
         cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         cur.execute(f"CREATE SCHEMA {SCHEMA}")
@@ -226,6 +258,8 @@ def _prepare(conn: Any) -> None:
         cur.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {SCHEMA}.orders")
         for slot in (CEILING_SLOT, CDCD_SLOT):
             cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        # Before the load, like the others: the peek decodes the same WAL.
+        cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (CEILING_SLOT, PEEK_SLOT))
 
 
 def _load(dsn: str, rows: int, seed: int, quiet: bool) -> float:
@@ -391,10 +425,10 @@ def _ceiling(dsn: str, bindir: Path, end_lsn: int) -> tuple[float, float]:
             raise DefiniteError("pg_recvlogical not found", hint="install postgresql-15")
         binary = Path(found)
     end = f"{end_lsn >> 32:X}/{end_lsn & 0xFFFFFFFF:X}"
+    options = [arg for name, value in PGOUTPUT_OPTIONS for arg in ("-o", f"{name}={value}")]
     argv = [
         str(binary), "--dbname", dsn, "--slot", CEILING_SLOT, "--start", "--no-loop",
-        "-o", "proto_version=1", "-o", f"publication_names={PUBLICATION}",
-        "--endpos", end, "-f", "/dev/null",
+        *options, "--endpos", end, "-f", "/dev/null",
     ]  # fmt: skip
     with _BackendCpu(dsn, SLOT_PID_SQL, (CEILING_SLOT,)) as walsender:
         started = time.monotonic()
@@ -408,6 +442,173 @@ def _ceiling(dsn: str, bindir: Path, end_lsn: int) -> tuple[float, float]:
     if not walsender.pids:
         raise DefiniteError("the walsender serving pg_recvlogical was not found")
     return elapsed, walsender.cpu_s()
+
+
+#: Every CPU figure of the server is read from /proc on this host.
+PROC_HINT = "run cdcd bench on the PostgreSQL host, as a user that may read its /proc"
+
+
+def _backend_cpu_s(pid: int) -> float:
+    """CPU seconds of server process ``pid`` so far, to the nanosecond where the kernel says.
+
+    ``/proc/<pid>/sched`` (``se.sum_exec_runtime``, ms) is exact; ``stat``'s
+    10 ms ticks would round a small run's COPY to zero. Only differences of
+    two readings of a live process mean anything.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/sched").read_text().splitlines():
+            if line.startswith("se.sum_exec_runtime"):
+                return float(line.split(":", 1)[1]) / 1000.0
+    except (FileNotFoundError, PermissionError, ValueError):
+        pass
+    cpu = _proc_cpu_s(pid)
+    if cpu is None:
+        raise DefiniteError(f"server process {pid} is not visible in /proc", hint=PROC_HINT)
+    return cpu
+
+
+
+def _backend_pid(conn: Any) -> int:
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        return int(cur.fetchone()[0])
+
+
+@dataclass
+class _Decode:
+    seconds: float
+    server_cpu_s: float
+    messages: int
+
+
+def _decode_ceiling(dsn: str, end_lsn: int, rows: int) -> _Decode:
+    """The server decoding the load with no client: a peek on the copy of the slot.
+
+    ``pg_logical_slot_peek_binary_changes`` decodes in the backend that calls
+    it (same pgoutput options as ``pg_recvlogical``) into a tuplestore, and
+    ``count(*)`` reads that back: no network, no client, nothing confirmed.
+    """
+    conn = _connect(dsn)
+    try:
+        pid = _backend_pid(conn)
+        end = f"{end_lsn >> 32:X}/{end_lsn & 0xFFFFFFFF:X}"
+        options = [item for pair in PGOUTPUT_OPTIONS for item in pair]
+        placeholders = ", ".join(["%s"] * len(options))
+        sql = (
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
+            f"%s, %s::pg_lsn, NULL, {placeholders})"
+        )
+        with conn.cursor() as cur:
+            cpu_start = _backend_cpu_s(pid)
+            started = time.monotonic()
+            cur.execute(sql, (PEEK_SLOT, end, *options))
+            messages = int(cur.fetchone()[0])
+            elapsed = time.monotonic() - started
+            cpu = _backend_cpu_s(pid) - cpu_start
+        _drop_slot(conn, PEEK_SLOT)
+    finally:
+        conn.close()
+    # BEGIN, one INSERT per row, COMMIT, and the RELATION: fewer means the
+    # peek stopped short of the load and its rate would flatter the server.
+    if messages < rows:
+        raise DefiniteError(f"the peek decoded {messages} messages for {rows} rows")
+    return _Decode(elapsed, cpu, messages)
+
+
+@dataclass
+class _Copy:
+    seconds: float
+    server_cpu_s: float
+    rows: int
+
+
+def _copy_ceiling(dsn: str, connections: int) -> _Copy:
+    """``COPY … TO STDOUT`` of the whole table over ``connections`` connections, to /dev/null.
+
+    Each connection copies one contiguous range of ``id`` (the whole table
+    when there is one) from a client process of its own (``_copy_worker``),
+    so that no client shares an interpreter lock with another; all start
+    together, and the time is until the last one ends. The server CPU is that
+    of the backends that copied, read from /proc before and after (exact).
+    """
+    conn = _connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT min(id), max(id) FROM {SCHEMA}.orders")
+            low, high = (int(v or 0) for v in cur.fetchone())
+    finally:
+        conn.close()
+    step = (high - low + connections) // connections
+    columns = "id, customer_id, status, amount, created_at, note, flags, payload"
+    statements = [
+        f"COPY {SCHEMA}.orders TO STDOUT"
+        if connections == 1
+        else f"COPY (SELECT {columns} FROM {SCHEMA}.orders "
+        f"WHERE id >= {low + i * step} AND id < {low + (i + 1) * step}) TO STDOUT"
+        for i in range(connections)
+    ]
+    argv = [sys.executable, "-c", "from cdcd.bench import _copy_worker; _copy_worker()"]
+    workers = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in statements
+    ]
+    try:
+        for worker, statement in zip(workers, statements, strict=True):
+            _tell(worker, json.dumps({"dsn": dsn, "statement": statement}))
+        pids = [int(_hear(worker)) for worker in workers]
+        cpu_start = sum(_backend_cpu_s(pid) for pid in pids)
+        started = time.monotonic()
+        for worker in workers:
+            _tell(worker, "go")
+        copied = sum(int(_hear(worker)) for worker in workers)
+        elapsed = time.monotonic() - started
+        cpu = sum(_backend_cpu_s(pid) for pid in pids) - cpu_start
+    finally:
+        for worker in workers:
+            if worker.stdin is not None:
+                worker.stdin.close()  # the worker closes its connection and exits
+        for worker in workers:
+            worker.wait(60)
+    failed = [w.returncode for w in workers if w.returncode != 0]
+    if failed:
+        raise DefiniteError(f"a COPY client exited with {failed[0]}")
+    return _Copy(elapsed, cpu, copied)
+
+
+def _tell(worker: subprocess.Popen[str], line: str) -> None:
+    assert worker.stdin is not None
+    worker.stdin.write(line + "\n")
+    worker.stdin.flush()
+
+
+def _hear(worker: subprocess.Popen[str]) -> str:
+    assert worker.stdout is not None
+    line = worker.stdout.readline()
+    if not line:
+        worker.wait(60)
+        raise DefiniteError(f"a COPY client exited with {worker.returncode} before it answered")
+    return line.strip()
+
+
+def _copy_worker() -> None:
+    """One client of the ``COPY`` ceiling, driven over stdin/stdout by ``_copy_ceiling``.
+
+    Reads ``{"dsn", "statement"}``, connects and prints its backend's pid;
+    on ``go`` copies into a buffered /dev/null (about as little as a client
+    can do with a row) and prints the rows copied; closes at end of input.
+    """
+    request = json.loads(sys.stdin.readline())
+    conn = _connect(request["dsn"])
+    try:
+        print(_backend_pid(conn), flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return
+        with open(os.devnull, "wb") as sink, conn.cursor() as cur:
+            cur.copy_expert(request["statement"], sink, size=1 << 20)
+            print(cur.rowcount, flush=True)
+        sys.stdin.read()
+    finally:
+        conn.close()
 
 
 class _LatencyMetrics(Metrics):
@@ -591,7 +792,8 @@ class _SnapshotRun:
 
 
 def _snapshot(dsn: str, bootstrap: str, rows: int) -> _SnapshotRun:
-    """An initial snapshot of the loaded table (``snapshot.mode: initial_only``, one reader)."""
+    """An initial snapshot of the loaded table (``snapshot.mode: initial_only``,
+    ``SNAPSHOT_CONNECTIONS`` readers)."""
     marks = _SnapshotMarks()
     snapshot_log = logging.getLogger("cdcd.snapshot")
     level = snapshot_log.level
@@ -600,7 +802,11 @@ def _snapshot(dsn: str, bootstrap: str, rows: int) -> _SnapshotRun:
     config = _config(dsn, bootstrap, SNAPSHOT_SLOT).model_dump()
     config["postgres"]["create_slot"] = True
     config["kafka"]["topic_prefix"] = f"{TOPIC_PREFIX}_snapshot"
-    config["snapshot"] = {"mode": "initial_only", "parallelism": 1, "chunk_rows": 10_000}
+    config["snapshot"] = {
+        "mode": "initial_only",
+        "parallelism": SNAPSHOT_CONNECTIONS,
+        "chunk_rows": 10_000,
+    }
     try:
         with _BackendCpu(dsn, DATABASE_PIDS_SQL, (BENCH_APPLICATION,)) as server:
             # initial_only: the session returns once the snapshot is delivered.
@@ -663,6 +869,117 @@ def _latency(
     }
 
 
+def _commit_latencies(conn: Any, statement: str, per_s: int, seconds: float) -> list[float]:
+    """Seconds each single-row commit took, one every ``1/per_s`` s (the first second left out)."""
+    interval = 1.0 / per_s
+    warmup = per_s  # one second
+    total = warmup + int(per_s * seconds)
+    samples: list[float] = []
+    with conn.cursor() as cur:
+        started = time.perf_counter()
+        for i in range(total):
+            delay = started + i * interval - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.perf_counter()
+            cur.execute(statement)
+            if i >= warmup:
+                samples.append(time.perf_counter() - sent)
+    return samples
+
+
+def _latency_summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(_percentile(samples, 0.50) * 1000, 3),
+        "p99": round(_percentile(samples, 0.99) * 1000, 3),
+        "max": round(max(samples) * 1000, 3),
+    }
+
+
+def _standby_names(conn: Any, names: str) -> None:
+    with conn.cursor() as cur:
+        if names:
+            cur.execute("ALTER SYSTEM SET synchronous_standby_names = %s", (names,))
+        else:
+            cur.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        cur.execute("SELECT pg_reload_conf()")
+
+
+def _wait_sync_state(conn: Any, slot: str, counted: bool, timeout_s: float = 60.0) -> None:
+    """Wait until the walsender of ``slot`` is (or is no longer) counted as synchronous."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT r.sync_state FROM pg_stat_replication r JOIN pg_replication_slots s "
+                "ON s.active_pid = r.pid WHERE s.slot_name = %s",
+                (slot,),
+            )
+            row = cur.fetchone()
+        if (row is not None and row[0] in ("sync", "quorum")) == counted:
+            return
+        if time.monotonic() > deadline:
+            raise DefiniteError(
+                f"slot {slot}'s walsender did not become {'' if counted else 'a'}synchronous "
+                f"in {timeout_s} s (sync_state {row[0] if row else 'not streaming'})"
+            )
+        time.sleep(0.02)
+
+
+def _synchronous(
+    dsn: str, bootstrap: str, per_s: int, seconds: float, quiet: bool
+) -> dict[str, Any]:
+    """Commit latency with cdcd as the synchronous standby (captured, uncaptured) and without."""
+    conn = _connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            _drop_slot(conn, SYNC_SLOT)
+            cur.execute(f"DROP PUBLICATION IF EXISTS {SYNC_PUBLICATION}")
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+            for table in ("sync_captured", "sync_uncaptured"):
+                cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}")
+                cur.execute(f"CREATE TABLE {SCHEMA}.{table}(id bigserial PRIMARY KEY, note text)")
+            cur.execute(f"CREATE PUBLICATION {SYNC_PUBLICATION} FOR TABLE {SCHEMA}.sync_captured")
+            cur.execute("SELECT current_setting('synchronous_standby_names')")
+            original = str(cur.fetchone()[0])
+        config = _config(dsn, bootstrap, SYNC_SLOT).model_dump()
+        config["postgres"].update(publication=SYNC_PUBLICATION, create_slot=True)
+        config["kafka"]["topic_prefix"] = f"{TOPIC_PREFIX}_sync"
+        insert = "INSERT INTO " + SCHEMA + ".{} (note) VALUES ('one row')"
+        result: dict[str, Any] = {"commits_per_s": per_s, "seconds": seconds}
+        with _session(parse_config(config), Metrics(process_collectors=False)) as running:
+            try:
+                # The slot's name is the replication connection's application_name.
+                _standby_names(conn, SYNC_SLOT)
+                _wait_sync_state(conn, SYNC_SLOT, counted=True)
+                for key, table in (
+                    ("captured_ms", "sync_captured"),
+                    ("uncaptured_ms", "sync_uncaptured"),
+                ):
+                    _log(f"synchronous: {per_s} commits/s into {table} for {seconds:.0f} s", quiet)
+                    result[key] = _latency_summary(
+                        _commit_latencies(conn, insert.format(table), per_s, seconds)
+                    )
+                    running.check()
+            finally:
+                _standby_names(conn, original)
+            _wait_sync_state(conn, SYNC_SLOT, counted=False)
+            _log(f"synchronous: {per_s} commits/s into sync_captured, not synchronous", quiet)
+            result["not_synchronous_ms"] = _latency_summary(
+                _commit_latencies(conn, insert.format("sync_captured"), per_s, seconds)
+            )
+            running.check()
+        baseline = result["not_synchronous_ms"]["p99"]
+        result["added_p99_ms"] = {
+            "captured": round(result["captured_ms"]["p99"] - baseline, 3),
+            "uncaptured": round(result["uncaptured_ms"]["p99"] - baseline, 3),
+        }
+        _drop_slot(conn, SYNC_SLOT)
+        return result
+    finally:
+        conn.close()
+
+
 def _peak_rss_big_transaction(dsn: str, bootstrap: str, rows: int, quiet: bool) -> float:
     """Peak RSS (MB) of a ``cdcd run`` process through one ``rows``-row transaction."""
     conn = _connect(dsn)
@@ -707,7 +1024,8 @@ def _peak_rss_big_transaction(dsn: str, bootstrap: str, rows: int, quiet: bool) 
 def run_bench(args: argparse.Namespace) -> BenchResult:
     quiet = bool(args.json)
     rows = args.rows
-    snapshot: dict[str, float] | None = None
+    snapshot: dict[str, Any] | None = None
+    synchronous: dict[str, Any] | None = None
     with _environment(args) as (dsn, bootstrap, bindir):
         conn = _connect(dsn)
         try:
@@ -719,7 +1037,13 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
             ceiling_s, walsender_cpu_s = _ceiling(dsn, bindir, end_lsn)
             _log(
                 f"pg_recvlogical: {rows / ceiling_s:,.0f} rows/s, walsender "
-                f"{walsender_cpu_s / rows * 1e6:.2f} µs CPU/row; measuring cdcd",
+                f"{walsender_cpu_s / rows * 1e6:.2f} µs CPU/row; peeking at the slot's copy",
+                quiet,
+            )
+            decode = _decode_ceiling(dsn, end_lsn, rows)
+            _log(
+                f"server decode, no client: {rows / decode.seconds:,.0f} rows/s, "
+                f"{decode.server_cpu_s / rows * 1e6:.2f} µs CPU/row; measuring cdcd",
                 quiet,
             )
             drain = _cdcd_rate(dsn, bootstrap, end_lsn)
@@ -732,16 +1056,19 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
                 _log(f"initial snapshot of the {rows:,}-row table", quiet)
                 run = _snapshot(dsn, bootstrap, rows)
                 _drop_slot(conn, SNAPSHOT_SLOT)
-                snapshot = {
-                    "rows": rows,
-                    "rows_per_s": round(rows / run.seconds),
-                    "seconds": round(run.seconds, 2),
-                    "cdcd_cpu_us_per_row": round(run.cdcd_cpu_s / rows * 1e6, 2),
-                    "server_cpu_us_per_row": round(run.server_cpu_s / rows * 1e6, 2),
-                }
                 _log(
-                    f"snapshot: {snapshot['rows_per_s']:,} rows/s, "
-                    f"{snapshot['cdcd_cpu_us_per_row']:.2f} µs CPU/row",
+                    f"snapshot: {rows / run.seconds:,.0f} rows/s, "
+                    f"{run.cdcd_cpu_s / rows * 1e6:.2f} µs CPU/row; COPY ceiling "
+                    f"on {SNAPSHOT_CONNECTIONS} connection(s)",
+                    quiet,
+                )
+                copy = _copy_ceiling(dsn, SNAPSHOT_CONNECTIONS)
+                if copy.rows != rows:
+                    raise DefiniteError(f"the COPY ceiling copied {copy.rows} rows, not {rows}")
+                snapshot = _snapshot_figures(rows, run, copy)
+                _log(
+                    f"COPY: {snapshot['copy_rows_per_s']:,} rows/s, server "
+                    f"{snapshot['copy_server_cpu_us_per_row']:.2f} µs CPU/row",
                     quiet,
                 )
             _log("measuring latency", quiet)
@@ -752,6 +1079,10 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
             peak = _peak_rss_big_transaction(dsn, bootstrap, args.big_rows, quiet)
             for slot in (CEILING_SLOT, CDCD_SLOT):
                 _drop_slot(conn, slot)
+            if not args.no_synchronous:
+                synchronous = _synchronous(
+                    dsn, bootstrap, args.sync_commits_per_s, args.sync_seconds, quiet
+                )
         finally:
             conn.close()
     ceiling = rows / ceiling_s
@@ -778,6 +1109,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
             # The walsender serving cdcd: the same decoding, plus what
             # cdcd's status updates cost it.
             "walsender_cpu_us_per_row_cdcd": round(drain.walsender_cpu_s / rows * 1e6, 2),
+            **_stream_ceilings(rows, rate, drain, decode),
             # Where cdcd's CPU went (/proc/self/task; 10 ms ticks per thread).
             "cdcd_cpu_us_per_row_by_thread": {
                 name: round(cpu / rows * 1e6, 2)
@@ -787,8 +1119,54 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
             "latency_transactions": int(latency["transactions"]),
             # Which hot path ran: the C extensions, or the pure-Python code.
             "native": native_status(),
+            **({"synchronous": synchronous} if synchronous is not None else {}),
         },
     )
+
+
+def _stream_ceilings(rows: int, rate: float, drain: _Drain, decode: _Decode) -> dict[str, Any]:
+    """The stream's server-side ceilings and cdcd's ratios against them (docs/bench.md).
+
+    ``walsender_limit_rows_per_s``: the rate a walsender could serve if it
+    spent all of one core the way it did serving cdcd. ``decode_*``: the
+    server decoding the same WAL with no client (the peek).
+    """
+    walsender_us = drain.walsender_cpu_s / rows * 1e6
+    limit = 1e6 / walsender_us if walsender_us > 0 else None
+    decode_rate = rows / decode.seconds
+    decode_us = decode.server_cpu_s / rows * 1e6
+    cdcd_us = drain.cdcd_cpu_s / rows * 1e6
+    return {
+        "walsender_limit_rows_per_s": round(limit) if limit else None,
+        "ratio_walsender_limit": round(rate / limit, 3) if limit else None,
+        "cpu_ratio_walsender_cdcd": round(cdcd_us / walsender_us, 3) if walsender_us else None,
+        "decode_rows_per_s": round(decode_rate),
+        "decode_seconds": round(decode.seconds, 4),
+        "decode_messages": decode.messages,
+        "decode_server_cpu_us_per_row": round(decode_us, 2),
+        "ratio_decode": round(rate / decode_rate, 3),
+    }
+
+
+def _snapshot_figures(rows: int, run: _SnapshotRun, copy: _Copy) -> dict[str, Any]:
+    """The snapshot section: cdcd's snapshot and the ``COPY`` ceiling on as many connections."""
+    rate = rows / run.seconds
+    copy_rate = rows / copy.seconds
+    cdcd_us = run.cdcd_cpu_s / rows * 1e6
+    copy_server_us = copy.server_cpu_s / rows * 1e6
+    return {
+        "rows": rows,
+        "rows_per_s": round(rate),
+        "seconds": round(run.seconds, 2),
+        "connections": SNAPSHOT_CONNECTIONS,
+        "cdcd_cpu_us_per_row": round(cdcd_us, 2),
+        "server_cpu_us_per_row": round(run.server_cpu_s / rows * 1e6, 2),
+        "copy_rows_per_s": round(copy_rate),
+        "copy_seconds": round(copy.seconds, 4),
+        "copy_server_cpu_us_per_row": round(copy_server_us, 3),
+        "ratio_copy": round(rate / copy_rate, 3),
+        "cpu_ratio_copy_server": round(cdcd_us / copy_server_us, 3) if copy_server_us else None,
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -803,9 +1181,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-snapshot", action="store_true", help="skip the initial snapshot measurement"
     )
+    parser.add_argument(
+        "--no-synchronous", action="store_true", help="skip the synchronous capture measurement"
+    )
+    parser.add_argument(
+        "--only",
+        choices=["synchronous"],
+        help="run one section alone: synchronous (commit latency with cdcd as the "
+        "synchronous standby; a minute instead of the whole benchmark)",
+    )
+    parser.add_argument(
+        "--sync-commits-per-s", type=int, default=200, help="synchronous: commit rate"
+    )
+    parser.add_argument(
+        "--sync-seconds", type=float, default=10.0, help="synchronous: seconds of each run"
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.only == "synchronous":
+        return _cmd_synchronous_only(args)
     if args.rows < 10 or args.rows % 10:
         raise DefiniteError("--rows must be a positive multiple of 10")
     result = run_bench(args)
@@ -824,11 +1219,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"(ratio {data['cpu_ratio']:.2f}, {result.cpu_count} cores)",
         ),
         (
+            "walsender serving cdcd: CPU/row, the rate it implies",
+            f"{data['walsender_cpu_us_per_row_cdcd']:.2f} µs, "
+            f"{data['walsender_limit_rows_per_s'] or 0:,.0f} rows/s "
+            f"(cdcd at {data['ratio_walsender_limit'] or 0:.2f} of it)",
+        ),
+        (
+            "server decode, no client (peek on a copy of the slot)",
+            f"{data['decode_rows_per_s']:,.0f} rows/s, "
+            f"{data['decode_server_cpu_us_per_row']:.2f} µs CPU/row "
+            f"(cdcd at {data['ratio_decode']:.2f} of it)",
+        ),
+        (
             f"commit-to-ack latency at {result.offered_rows_per_s:,} rows/s",
             "p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max:.1f} ms".format(**result.latency_ms),
         ),
         (f"peak RSS, one {result.big_transaction_rows:,}-row transaction", f"{result.peak_rss_mb:.0f} MB"),
     ]
+    if "synchronous" in data:
+        lines.extend(_synchronous_lines(data["synchronous"]))
     if result.snapshot is not None:
         snap = result.snapshot
         lines.append(
@@ -838,6 +1247,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"{snap['cdcd_cpu_us_per_row']:.2f} µs, server {snap['server_cpu_us_per_row']:.2f} µs",
             )
         )
+        lines.append(
+            (
+                f"COPY … TO STDOUT ceiling, {snap['connections']} connection(s)",
+                f"{snap['copy_rows_per_s']:,.0f} rows/s, server "
+                f"{snap['copy_server_cpu_us_per_row']:.2f} µs CPU/row "
+                f"(snapshot at {snap['ratio_copy']:.2f} of it)",
+            )
+        )
+    width = max(len(name) for name, _ in lines)
+    for name, value in lines:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+def _synchronous_lines(sync: dict[str, Any]) -> list[tuple[str, str]]:
+    def fmt(summary: dict[str, float]) -> str:
+        return "p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max:.2f} ms".format(**summary)
+
+    rate = f"{sync['commits_per_s']} single-row commits/s"
+    return [
+        (f"commit, cdcd synchronous, captured table ({rate})", fmt(sync["captured_ms"])),
+        (f"commit, cdcd synchronous, uncaptured table ({rate})", fmt(sync["uncaptured_ms"])),
+        (f"commit, not synchronous ({rate})", fmt(sync["not_synchronous_ms"])),
+        (
+            "p99 added by synchronous capture",
+            "captured {captured:.2f} ms, uncaptured {uncaptured:.2f} ms".format(
+                **sync["added_p99_ms"]
+            ),
+        ),
+    ]
+
+
+def _cmd_synchronous_only(args: argparse.Namespace) -> int:
+    """``cdcd bench --only synchronous``: the synchronous section alone."""
+    with _environment(args) as (dsn, bootstrap, _bindir):
+        sync = _synchronous(dsn, bootstrap, args.sync_commits_per_s, args.sync_seconds, args.json)
+    if args.json:
+        print(json.dumps({"synchronous": sync, "native": native_status()}))
+        return 0
+    lines = _synchronous_lines(sync)
     width = max(len(name) for name, _ in lines)
     for name, value in lines:
         print(f"{name:<{width}}  {value}")

@@ -19,6 +19,7 @@ from cdcd.errors import CdcdError, ConfigError
 from cdcd.naming import format_table, table_topic
 from cdcd.observability.http import parse_listen
 from cdcd.pipeline.resync import check_slot
+from cdcd.snapshot.daemons import failing_jobs, neighbours, sharing_report
 from cdcd.snapshot.rows import published_relation, published_units
 from cdcd.snapshot.store import SignalTable, SignalTableUnavailable
 from cdcd.source.catalog import PgCatalog
@@ -41,6 +42,7 @@ from cdcd.source.database import (
 )
 from cdcd.source.publication import describe_columns, describe_filter
 from cdcd.source.slot_holder import SlotHolder, slot_holder, slot_in_use
+from cdcd.source.synchronous import sync_status
 from cdcd.source.versions import (
     has_messages,
     max_protocol,
@@ -105,6 +107,8 @@ def run_checks(config: CdcdConfig) -> Iterator[CheckResult]:
             )
             yield from _postgres_checks(config, db)
             yield from _signal_table_checks(config, db)
+            yield from _daemon_checks(config, db)
+            yield from _synchronous_checks(config, db)
     yield from _kafka_checks(config)
     yield from _metrics_checks(config)
 
@@ -488,8 +492,10 @@ def _publication_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[Chec
         owner = ", cdcd's own (membership follows postgres.tables)" if plan.owned else ""
         publishes = f", publishes {plan.publishes or 'neither updates nor deletes'}"
         yield CheckResult(True, f"{label}: {plan.member_count} tables{kind}{owner}{publishes}")
-        if plan.add and plan.create_allowed:
-            listed = ", ".join(v.name for v in plan.add)
+        # A table cdcd refuses to publish (no replica identity) is not added: its own FAIL line says so.
+        addable = [v for v in plan.add if v.action != REFUSE]
+        if addable and plan.create_allowed:
+            listed = ", ".join(v.name for v in addable)
             yield CheckResult(True, f"{label}: {listed} will be added (create_publication: true)")
         lacking = plan.lacking_error()
         if lacking is not None:
@@ -610,6 +616,100 @@ def _slot_in_use(slot: str, holder: SlotHolder) -> CheckResult:
         False,
         f"{error.message} (at start for {STARTUP_RETRY_S:.0f} s, then exits 1); {error.hint}",
     )
+
+
+def _daemon_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckResult]:
+    """Other daemons (slots) on this database, and conflicts with them (cdcd.snapshot.daemons)."""
+    pg = config.postgres
+    try:
+        signals: SignalTable | None = SignalTable(db, config.snapshot.signal_table)
+    except CdcdError:
+        signals = None
+    if signals is not None and signals.exists():
+        for job_id, tables, error in failing_jobs(signals, pg.slot):
+            yield CheckResult(
+                False,
+                f"snapshot: job {job_id} of {', '.join(tables) or '?'} keeps failing ({error}); "
+                "the daemon retries it: fix the cause, or set its status to 'cancelled' in "
+                f"{signals.name} to give up",
+            )
+    others = neighbours(db, signals, pg.slot)
+    if not others:
+        yield CheckResult(True, f"daemons: no other logical slot on database {db.database}")
+        return
+    captured = [format_table(s, t) for s, t in _captured_tables(config, db)]
+    for ok, line in sharing_report(others, pg.slot, pg.publication, captured):
+        yield CheckResult(ok, line, config=not ok)
+
+
+def _synchronous_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckResult]:
+    """Whether cdcd is a synchronous standby, by which entry, and the caveats (docs/synchronous.md)."""
+    pg = config.postgres
+    app = pg.replication_application_name
+    label = "synchronous"
+    try:
+        status = sync_status(db, pg.slot, app)
+    except CdcdError as exc:
+        yield CheckResult(False, f"{label}: cannot read synchronous_standby_names: {exc}")
+        return
+    state = status.sync_state or "not streaming now"
+    if status.entry is None:
+        named = f"'{status.setting}'" if status.setting else "empty"
+        yield CheckResult(
+            True,
+            f"{label}: no (synchronous_standby_names is {named}, which does not name "
+            f"application_name {app!r}); pg_stat_replication.sync_state: {state}",
+        )
+        return
+    assert status.names is not None
+    rule = f"{status.names.method} {status.names.count} of {len(status.names.names)}"
+    if status.entry == "*":
+        yield CheckResult(
+            False,
+            f"{label}: synchronous_standby_names = '{status.setting}' matches cdcd only through "
+            f"'*' ({rule}), so application commits may wait for Kafka by accident ('*' matches "
+            "every walsender, logical ones included); list the physical standbys by name, or "
+            f"name cdcd ({app!r}) if it is meant",
+        )
+    else:
+        spelled = "" if status.entry == app else f" (as {status.entry!r})"
+        yield CheckResult(
+            True,
+            f"{label}: yes, synchronous_standby_names = '{status.setting}' names "
+            f"application_name {app!r}{spelled} ({rule}); pg_stat_replication.sync_state: {state}",
+        )
+    yield CheckResult(
+        True,
+        f"{label} caveat: synchronous_standby_names is server-wide but cdcd decodes one database "
+        f"({db.database}): commits in every database wait until cdcd has read past them",
+    )
+    yield CheckResult(
+        True,
+        f"{label} caveat: a transaction that locks a catalog table exclusively (LOCK pg_class, "
+        "CLUSTER pg_class, TRUNCATE of a user catalog table) deadlocks with cdcd's decoding "
+        "and its commit never returns",
+    )
+    if pg.protocol_version >= 3:
+        yield CheckResult(
+            True,
+            f"{label} caveat: protocol_version {pg.protocol_version} decodes two-phase "
+            "transactions at PREPARE, and cdcd confirms nothing past a prepared transaction "
+            "until its COMMIT PREPARED is delivered, so PREPARE TRANSACTION waits until then; "
+            "prepare with synchronous_commit = local, or use protocol_version 2",
+        )
+    try:
+        signals = SignalTable(db, config.snapshot.signal_table)
+        unfinished = signals.exists() and signals.unfinished_initial(pg.slot) is not None
+    except (CdcdError, SignalTableUnavailable):
+        unfinished = False  # reported by the signal table checks
+    if unfinished:
+        yield CheckResult(
+            True,
+            f"{label} caveat: the initial snapshot of slot {pg.slot} has not finished; cdcd "
+            "streams, and PostgreSQL counts it as a synchronous standby, only once it has: "
+            "until then commits wait if cdcd is needed (alone in the list), or other standbys "
+            "answer for it",
+        )
 
 
 def _signal_table_checks(config: CdcdConfig, db: SourceDatabase) -> Iterator[CheckResult]:
@@ -764,9 +864,9 @@ def _kafka_checks(config: CdcdConfig) -> Iterator[CheckResult]:
     url = config.schema_registry.url
     if url:
         try:
-            from confluent_kafka.schema_registry import SchemaRegistryClient
+            from cdcd.envelope.wire import registry_client
 
-            client = SchemaRegistryClient.new_client({"url": url, **config.schema_registry.config})
+            client = registry_client(url, config.schema_registry.config)
             subjects = client.get_subjects()
             yield CheckResult(True, f"schema registry: reachable, {len(subjects)} subjects")
         except Exception as exc:  # noqa: BLE001 - any client failure is a failed check, reported

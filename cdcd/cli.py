@@ -1,4 +1,4 @@
-"""Command line (SPEC §2): ``cdcd run | check | schemas | demo | bench | mirror | snapshot | resync``.
+"""Command line (README, docs/operations.md): ``cdcd run | check | schemas | demo | bench | mirror | snapshot | resync``.
 
 Errors are one line on stderr naming the field, table or server and what to
 do; ``--debug`` adds the traceback. Exit codes (``CdcdError.exit_code``): 0 ok,
@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(schemas)
     demo = sub.add_parser("demo", help="throwaway PostgreSQL + broker + sample workload")
     demo.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
-    bench = sub.add_parser("bench", help="the benchmark of SPEC §9")
+    bench = sub.add_parser(
+        "bench", help="throughput, latency and memory on a fixed workload (docs/performance.md)"
+    )
     from cdcd.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
@@ -58,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", required=True, metavar="DIR|URI", help="a local directory or object-store URI"
     )
     mirror.add_argument("--once", action="store_true", help="catch up, then exit")
+    mirror.add_argument(
+        "--history", action="store_true",
+        help="also keep every version of every row (SCD type 2) in DIR/<schema>.<table>/_history",
+    )  # fmt: skip
     mirror.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="a delta-rs storage option for an object-store --output (repeatable)",
@@ -79,6 +85,29 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot = sub.add_parser("snapshot", help="request an incremental snapshot of a table")
     _config_arg(snapshot)
     snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE")
+    local = sub.add_parser(
+        "local", help="start (up) or stop (down) a local PostgreSQL and broker that keep running"
+    )
+    local.add_argument("action", choices=("up", "down"))
+    local.add_argument(
+        "--dir", default="cdcd-local", metavar="DIR",
+        help="where their record and a ready cdcd.yaml are written (default ./cdcd-local)",
+    )  # fmt: skip
+    tail = sub.add_parser("tail", help="print the changes in the table topics, decoded")
+    _config_arg(tail)
+    tail.add_argument(
+        "--table", action="append", default=[], metavar="SCHEMA.TABLE",
+        help="only this table's topic (repeatable; default: every captured table)",
+    )  # fmt: skip
+    tail.add_argument(
+        "--from", dest="start", choices=("beginning", "end"), default="end",
+        help="start at the beginning of the topics, or show only new changes (default)",
+    )  # fmt: skip
+    tail.add_argument("--json", action="store_true", help="one JSON object per line")
+    tail.add_argument(
+        "--exit-at-end", action="store_true",
+        help="stop once every partition was read to its current end",
+    )  # fmt: skip
     resync = sub.add_parser(
         "resync",
         help="after a lost or invalidated slot: a new slot and a snapshot of every table",
@@ -122,6 +151,20 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+class _KafkaLines(logging.Handler):
+    """The Kafka client's distinct error lines, kept for ``check``'s kafka line instead of printed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # "FAIL [rdkafka#producer-1] [thrd:…]: what happened": only what happened.
+        text = record.getMessage().rpartition("]: ")[2].split(" (repeated ")[0]
+        if text not in self.lines:
+            self.lines.append(text)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from cdcd.check import run_checks
 
@@ -130,10 +173,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"FAIL config: {exc}")
         return ConfigError.exit_code
+    # One line per check: librdkafka's own lines (one per reconnect attempt) would
+    # interleave with them; the first is added to the kafka line. --debug shows all.
+    kafka_lines = _KafkaLines()
+    if not getattr(args, "debug", False):
+        kafka_log = logging.getLogger("cdcd.kafka")
+        kafka_log.addHandler(kafka_lines)
+        kafka_log.propagate = False
     print(f"ok   config: {args.config}")
     failed = config_failed = 0
     for result in run_checks(config):
-        print(f"{'ok  ' if result.ok else 'FAIL'} {result.line}", flush=True)
+        line = result.line
+        if not result.ok and line.startswith("kafka:") and kafka_lines.lines:
+            line += f" (librdkafka: {kafka_lines.lines[0]})"
+        print(f"{'ok  ' if result.ok else 'FAIL'} {line}", flush=True)
         failed += not result.ok
         config_failed += not result.ok and result.config
     # A configuration mistake exits 2, as `run` would on it; other failures 1.
@@ -234,6 +287,8 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         "snapshot": cmd_snapshot,
         "resync": cmd_resync,
         "demo": _lazy("demo", "cdcd.demo", "cmd_demo"),
+        "tail": _lazy("tail", "cdcd.tail", "cmd_tail"),
+        "local": _lazy("local", "cdcd.demo", "cmd_local"),
         "bench": _lazy("bench", "cdcd.bench", "cmd_bench"),
         "mirror": _lazy("mirror", "cdcd.spark.cli", "cmd_mirror"),
     }

@@ -15,13 +15,14 @@ three cannot read the wire format three ways.
   header seen in a table topic is always found after reading ``_schemas`` to
   its end. The end is where the broker reports end-of-partition after an
   empty fetch, never its high watermark (tansu's is too low, see
-  ``cdcd.spark.source``). The fingerprint covers Avro's canonical form, which
-  leaves out logical types, defaults and aliases, so the daemon publishes a
-  schema again under a known fingerprint when only those changed (e.g.
-  ``numeric(10,2)`` to ``numeric(12,3)``): the latest record of a key is the
-  schema of the newest messages. A long-running reader must therefore
-  :meth:`SchemaCatalog.refresh` after fetching messages and before decoding
-  them, not only when it meets an unknown header.
+  ``cdcd.spark.source``). The fingerprint is the CRC-64-AVRO of the
+  published schema text itself (logical types, defaults and aliases
+  included), so two different writer schemas never share one and a
+  fingerprint names the same schema forever (docs/wire-format.md). Topics
+  written before that rule (fingerprints of Avro's canonical form) may hold
+  several schemas under one key; the latest record of a key wins, which is
+  why a long-running reader still calls :meth:`SchemaCatalog.refresh` after
+  fetching messages and before decoding them.
 * **The schema registry** (``schema_registry.url`` set) is asked by id, and
   its failures are classified: not found or refused credentials are definite
   (the message cannot be decoded until someone acts); no answer, a timeout,
@@ -47,6 +48,12 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 
 from cdcd.envelope.schemas import avro_namespace
+from cdcd.envelope.wire import (
+    registry_client,
+    registry_outage,
+    registry_status,
+    registry_unanswered,
+)
 from cdcd.errors import CdcdError, DefiniteError, TransientError
 from cdcd.naming import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC, schemas_topic
 
@@ -118,29 +125,6 @@ def is_envelope_for(schema: Mapping[str, Any], topic: str) -> bool:
 # ----------------------------------------------------------------------------- registry errors
 
 
-def registry_status(exc: BaseException) -> int | None:
-    """The HTTP status of the registry's answer, or None if ``exc`` is not an answer."""
-    from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-    return exc.http_status_code if isinstance(exc, SchemaRegistryError) else None
-
-
-def _no_answer(exc: BaseException) -> bool:
-    """Whether the registry request failed before any answer: connection, timeout, TLS.
-
-    The registry client raises SchemaRegistryError for every answer; without
-    one it raises its HTTP library's errors: httpx's or httpx2's
-    ``TransportError`` (which cdcd does not import: the client picks the
-    library) or, with older clients, requests' errors, which are OSErrors.
-    """
-    if isinstance(exc, OSError):
-        return True
-    return any(
-        cls.__name__ == "TransportError" and cls.__module__.partition(".")[0] in ("httpx", "httpx2")
-        for cls in type(exc).__mro__
-    )
-
-
 def registry_error(exc: Exception, what: str) -> CdcdError | None:
     """Classify a failed registry lookup of ``what`` (e.g. ``schema id 7``).
 
@@ -154,7 +138,7 @@ def registry_error(exc: Exception, what: str) -> CdcdError | None:
     """
     status = registry_status(exc)
     if status is None:
-        if _no_answer(exc):
+        if registry_unanswered(exc):
             return TransientError(
                 f"the schema registry did not answer the lookup of {what}: "
                 f"{type(exc).__name__}: {exc}"
@@ -165,7 +149,7 @@ def registry_error(exc: Exception, what: str) -> CdcdError | None:
             f"{what} not found in the schema registry: {exc}",
             hint="was the topic written by cdcd with this schema_registry.url?",
         )
-    if status in (408, 429) or status >= 500:
+    if registry_outage(status):
         return TransientError(f"the schema registry failed the lookup of {what}: {exc}")
     if status in (401, 403):
         return DefiniteError(
@@ -272,10 +256,8 @@ class SchemaCatalog:
 
     def _registry(self) -> Any:
         if self._registry_client is None:
-            from confluent_kafka.schema_registry import SchemaRegistryClient
-
-            self._registry_client = SchemaRegistryClient.new_client(
-                {"url": self._registry_url, **self._registry_config}
+            self._registry_client = registry_client(
+                str(self._registry_url), self._registry_config
             )
         return self._registry_client
 
@@ -394,7 +376,8 @@ class SchemaCatalog:
             raise DefiniteError(
                 f"{topic} offset {offset} is not a cdcd schema record: {exc}"
             ) from exc
-        # A later record for a known fingerprint wins: see the module docstring.
+        # A later record for a known fingerprint wins (only topics written before
+        # fingerprints covered the whole schema have any): see the module docstring.
         self._schemas[header] = schema
         self._published[header] = offset
         self._parsed.pop(header, None)

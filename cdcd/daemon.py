@@ -38,6 +38,8 @@ from cdcd.observability.http import start as start_http
 from cdcd.observability.metrics import Metrics, ReconnectReason
 from cdcd.pipeline.session import Session, SessionState
 from cdcd.sink.producer import ProducerFatalError
+from cdcd.snapshot.daemons import publication_clash
+from cdcd.source.database import SourceDatabase
 from cdcd.source.slot_holder import SlotInUseError
 
 log = logging.getLogger("cdcd.daemon")
@@ -84,6 +86,18 @@ _ORIGIN_REASONS: tuple[tuple[str, ReconnectReason], ...] = (
     ("cdcd.sink.", "kafka"),
     ("cdcd.pipeline.session", "delivery"),
 )
+
+
+#: What to check when startup retries run out, by what failed (reconnect_reason).
+_STARTUP_HINTS: dict[str, str] = {
+    "postgres": "check postgres.dsn and that PostgreSQL is up and accepts the connection",
+    "postgres_timeout": "check postgres.dsn and that PostgreSQL answers (it timed out)",
+    "slot_in_use": "stop the other client of the slot, or set another postgres.slot",
+    "kafka": "check kafka.bootstrap_servers and that the brokers are up",
+    "schema_registry": "check schema_registry.url and that the registry is up",
+    "delivery": "check kafka.bootstrap_servers and the brokers' health",
+    "other": "check postgres.dsn and kafka.bootstrap_servers",
+}
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -166,6 +180,12 @@ class Daemon:
             systemd.notify_ready("streaming")
             self._ready_notified = True
 
+    def _preflight(self) -> None:
+        """Before the first session: what starting would break for another daemon."""
+        pg = self.config.postgres
+        with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
+            publication_clash(db, pg, self.config.snapshot.signal_table)
+
     def run(self) -> int:
         """Run sessions until stopped; returns the exit code."""
         retry_window_s = startup_retry_s()
@@ -185,6 +205,7 @@ class Daemon:
             ) from exc
         backoff = BACKOFF_INITIAL_S
         daemon_started = time.monotonic()
+        preflight_done = False
         try:
             while not self.stop.is_set():
                 started = time.monotonic()
@@ -192,22 +213,27 @@ class Daemon:
                     self.config, self.stop, self.metrics, self.state, self._on_streaming
                 )
                 try:
+                    if not preflight_done:
+                        self._preflight()
+                        preflight_done = True
                     session.run()
                 except TransientError as exc:
                     if self.stop.is_set():
                         break
-                    if not self.state.ever_streamed and (
-                        time.monotonic() - daemon_started + backoff > retry_window_s
-                    ):
+                    reason = reconnect_reason(exc)
+                    elapsed = time.monotonic() - daemon_started
+                    if not self.state.ever_streamed and elapsed >= retry_window_s:
                         remedy = getattr(exc, "hint", None)  # e.g. SlotInUseError knows what to do
                         raise StartupRetriesExhausted(
                             f"{getattr(exc, 'message', exc)} "
-                            f"(still failing after {retry_window_s:.0f} s of retries at startup)",
-                            hint=remedy or "check postgres.dsn and kafka.bootstrap_servers",
+                            f"(still failing after {elapsed:.0f} s of retries at startup)",
+                            hint=remedy or _STARTUP_HINTS.get(reason, _STARTUP_HINTS["other"]),
                         ) from exc
                     if time.monotonic() - started > BACKOFF_RESET_AFTER_S:
                         backoff = BACKOFF_INITIAL_S
-                    reason = reconnect_reason(exc)
+                    if not self.state.ever_streamed:
+                        # The last retry comes at the end of the window, not before it.
+                        backoff = max(0.0, min(backoff, retry_window_s - elapsed))
                     self.metrics.reconnect(reason)
                     log.warning(
                         "%s; reconnecting in %.0f s", exc, backoff, extra={"reason": reason}
@@ -218,7 +244,7 @@ class Daemon:
                     while not self.stop.is_set() and time.monotonic() < deadline:
                         self.state.beat()
                         self.stop.wait(min(1.0, deadline - time.monotonic()))
-                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                    backoff = min(max(backoff, BACKOFF_INITIAL_S) * 2, BACKOFF_MAX_S)
                     continue
                 break
         finally:

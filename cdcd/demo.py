@@ -48,30 +48,23 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from datetime import time as dt_time
 from decimal import Decimal
+from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
 from cdcd.config.model import CdcdConfig, parse_config
-from cdcd.consumer import SchemaCatalog
 from cdcd.daemon import Daemon
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
 from cdcd.local import BrokerSetupError, LocalBroker, LocalPostgres, PostgresSetupError
 from cdcd.local.workload import orders_ddl
 from cdcd.naming import (
-    LSN_HEADER,
-    SEQ_HEADER,
-    message_topic,
     schemas_topic,
     table_topic,
-    transaction_topic,
 )
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.lsn import Lsn
+from cdcd.tail import TopicReader, describe_change, format_value
 
 __all__ = ["cmd_demo"]
 
@@ -97,9 +90,6 @@ STREAMING_TIMEOUT_S = 60.0
 #: Pause between two workload steps (seconds, uniform): a few changes per
 #: second, readable as they scroll.
 STEP_PAUSE_S = (0.25, 0.6)
-#: Fields are cut to this many characters: a jsonb document or a long text
-#: must not wrap the line.
-MAX_VALUE_CHARS = 40
 #: Width of the output when stdout is not a terminal (logs, CI).
 PIPE_WIDTH = 160
 
@@ -229,95 +219,6 @@ class Console:
 
 
 # ------------------------------------------------------------------------ formatting
-
-
-def format_value(value: Any) -> str:
-    """A decoded Avro value in a compact, unambiguous form (SQL-ish literals)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        text = value if len(value) <= MAX_VALUE_CHARS else value[: MAX_VALUE_CHARS - 1] + "…"
-        return "'" + text.replace("'", "''") + "'"
-    if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            return value.strftime("%Y-%m-%dT%H:%M:%SZ")
-        return value.strftime("%Y-%m-%dT%H:%M:%S")
-    if isinstance(value, date | dt_time):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return "\\x" + value[:16].hex() + ("…" if len(value) > 16 else "")
-    if isinstance(value, list):
-        return "[" + ", ".join(format_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def _fields(row: Mapping[str, Any], skip: frozenset[str]) -> str:
-    """``col=value`` for the non-key, non-null columns of ``row``."""
-    return " ".join(
-        f"{name}={format_value(value)}"
-        for name, value in row.items()
-        if name not in skip and value is not None
-    )
-
-
-def _diff(old: Mapping[str, Any], new: Mapping[str, Any], skip: frozenset[str]) -> str:
-    """``col: old -> new`` for the columns whose value differs."""
-    changed = [
-        f"{name}: {format_value(old.get(name))} -> {format_value(value)}"
-        for name, value in new.items()
-        if name not in skip and old.get(name) != value
-    ]
-    return "  ".join(changed) or "(no column changed)"
-
-
-def describe_change(
-    envelope: Mapping[str, Any],
-    key_columns: frozenset[str],
-    last_seen: Mapping[str, Any] | None = None,
-) -> str:
-    """The interesting part of an envelope, in one short phrase.
-
-    Inserts show the new row. Updates show what changed: against ``before``
-    when it holds the old row (``REPLICA IDENTITY FULL``), else against
-    ``last_seen`` (the previous version this consumer saw, what a downstream
-    mirror holds), else the new row. Deletes show the old row, or
-    say that only the key was sent (the default replica identity).
-    """
-    op = envelope["op"]
-    before: Mapping[str, Any] | None = envelope.get("before")
-    after: Mapping[str, Any] | None = envelope.get("after")
-    full_before = before is not None and any(
-        v is not None for k, v in before.items() if k not in key_columns
-    )
-    text: str
-    if op in ("c", "r") and after is not None:
-        text = _fields(after, key_columns)
-    elif op == "u" and after is not None:
-        if before is not None and full_before:
-            text = _diff(before, after, key_columns)
-        elif last_seen is not None:
-            text = _diff(last_seen, after, key_columns)
-        else:
-            text = _fields(after, key_columns)
-    elif op == "d":
-        if before is not None and full_before:
-            text = "was " + _fields(before, key_columns)
-        else:
-            text = "(old row not sent, only its key: replica identity default)"
-    elif op == "t":
-        text = "table truncated"
-    else:
-        text = ""
-    toast = envelope.get("unchanged_toast") or []
-    if toast:
-        text += f"  unchanged TOAST: {', '.join(toast)}"
-    return text
 
 
 def format_bytes(value: float) -> str:
@@ -570,53 +471,19 @@ class DecodedChange:
     seq: int
 
 
-def _consumer(bootstrap: str) -> Any:
-    """A plain consumer for ``assign()`` use: no group join (slow on tansu), no commits."""
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "cdcd-demo",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": False,
-            "auto.offset.reset": "earliest",
-            "allow.auto.create.topics": False,
-            # Changes should appear as they happen, not in half-second batches.
-            "fetch.wait.max.ms": 100,
-        }
-    )
-
-
-def _check_message(msg: Any) -> bool:
-    """True for a data message; False for a benign event; raises on a real error."""
-    err = msg.error()
-    if err is None:
-        return True
-    if (
-        err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART)
-        or err.retriable()
-    ):
-        return False
-    raise DefiniteError(f"demo consumer: {err.str()}", hint="see the broker log (run with --debug)")
-
-
 class ChangeFeed:
-    """Reads the table topics, decodes envelopes and hands them out in commit order.
+    """Reads the table topics (:class:`cdcd.tail.TopicReader`) and hands out changes in commit order.
 
-    Topics appear when cdcd first publishes to them, so they are looked up
-    every second and each new one is read from the beginning. Decoded changes
+    Topics appear when cdcd first publishes to them; the reader looks them up
+    every second and reads each new one from the beginning. Decoded changes
     wait ``REORDER_HOLD_S`` in a heap ordered by (``cdcd.lsn``, ``cdcd.seq``):
     Kafka orders per partition only, and a reader should see a transaction's
     changes together, in order.
     """
 
-    def __init__(self, bootstrap: str, prefix: str) -> None:
-        self._prefix = prefix
-        self._consumer = _consumer(bootstrap)
+    def __init__(self, config: CdcdConfig) -> None:
         # Writer schemas: read from <prefix>._schemas as any consumer would.
-        self._schemas = SchemaCatalog(prefix, bootstrap_servers=bootstrap)
-        self._assigned: set[str] = set()
-        self._next_lookup = 0.0
+        self._reader = TopicReader(config, None, from_end=False)
         self._heap: list[tuple[int, int, int, float, DecodedChange]] = []
         self._arrivals = itertools.count()
         self.received = 0
@@ -627,71 +494,32 @@ class ChangeFeed:
     @property
     def topics(self) -> list[str]:
         """Table topics read so far."""
-        return sorted(self._assigned)
+        return self._reader.topics
 
     @property
     def pending(self) -> int:
         """Decoded changes waiting in the reorder buffer."""
         return len(self._heap)
 
-    def _discover(self) -> None:
-        special = {
-            schemas_topic(self._prefix),
-            transaction_topic(self._prefix),
-            message_topic(self._prefix),
-        }
-        metadata = self._consumer.list_topics(timeout=5)
-        new: list[Any] = []
-        for name, info in metadata.topics.items():
-            if not name.startswith(self._prefix + ".") or name in special or name in self._assigned:
-                continue
-            if info.error is not None or not info.partitions:
-                continue
-            self._assigned.add(name)
-            new.extend(TopicPartition(name, p, OFFSET_BEGINNING) for p in sorted(info.partitions))
-        if new:
-            self._consumer.incremental_assign(new)
-
     def poll(self, timeout_s: float) -> None:
         """Fetch what arrived within ``timeout_s`` (batch-wise) into the reorder buffer."""
-        now = time.monotonic()
-        if now >= self._next_lookup:
-            self._discover()
-            self._next_lookup = now + 1.0
-        if not self._assigned:
-            time.sleep(timeout_s)
-            return
-        messages = self._consumer.consume(num_messages=500, timeout=timeout_s)
-        if messages:
-            # Their writer schemas were published before them; one may replace an
-            # earlier schema under the same fingerprint (see cdcd.consumer).
-            self._schemas.refresh()
-        for msg in messages:
-            if _check_message(msg):
-                self._add(msg)
-
-    def _add(self, msg: Any) -> None:
-        headers = dict(msg.headers() or [])
-        lsn = int(Lsn.parse(headers[LSN_HEADER].decode("ascii")))
-        seq = int(headers[SEQ_HEADER])
-        value = msg.value()
-        if value is None:
-            self.tombstones += 1  # a delete's tombstone, for log compaction
-            return
-        envelope = self._schemas.decode(value)
-        key = self._schemas.decode(msg.key()) if msg.key() is not None else None
-        source = envelope["source"]
-        change = DecodedChange(
-            table=f"{source['schema']}.{source['table']}",
-            op=envelope["op"],
-            key=key,
-            envelope=envelope,
-            lsn=lsn,
-            seq=seq,
-        )
-        self.received += 1
-        self.counts[change.table, change.op] += 1
-        heapq.heappush(self._heap, (lsn, seq, next(self._arrivals), time.monotonic(), change))
+        for change in self._reader.poll(timeout_s):
+            if change.envelope is None:
+                self.tombstones += 1  # a delete's tombstone, for log compaction
+                continue
+            decoded = DecodedChange(
+                table=change.table,
+                op=change.envelope["op"],
+                key=change.key,
+                envelope=change.envelope,
+                lsn=change.lsn,
+                seq=change.seq,
+            )
+            self.received += 1
+            self.counts[decoded.table, decoded.op] += 1
+            heapq.heappush(
+                self._heap, (change.lsn, change.seq, next(self._arrivals), time.monotonic(), decoded)
+            )
 
     def ready(self, hold_s: float = REORDER_HOLD_S) -> list[DecodedChange]:
         """Changes that waited at least ``hold_s``, in (lsn, seq) order."""
@@ -703,7 +531,7 @@ class ChangeFeed:
 
     def close(self) -> None:
         """Leave the broker (before it is stopped, so librdkafka does not complain)."""
-        self._consumer.close()
+        self._reader.close()
 
 
 # ---------------------------------------------------------------------------- demo
@@ -883,6 +711,10 @@ class Demo:
             "(docs/configuration.md), then"
         )
         out.line("  cdcd check -c cdcd.yaml && cdcd run -c cdcd.yaml")
+        out.line(
+            "or try your own tables on a local PostgreSQL and broker that keep running: "
+            "cdcd local up"
+        )
         return result
 
     def _start(self, cleanup: ExitStack) -> None:
@@ -911,11 +743,10 @@ class Demo:
             info.append(f"database {DATABASE}: {', '.join(TABLES)}")
         self._check_stop()
         with out.step("starting cdcd ...") as info:
-            daemon = self._start_daemon(
-                cleanup, demo_config(pg.dsn(DATABASE), broker.bootstrap_servers)
-            )
+            config = demo_config(pg.dsn(DATABASE), broker.bootstrap_servers)
+            daemon = self._start_daemon(cleanup, config)
             info.append(f"streaming from slot {SLOT}, publication {PUBLICATION}")
-        self.feed = ChangeFeed(broker.bootstrap_servers, PREFIX)
+        self.feed = ChangeFeed(config)
         # Registered after the daemon: closed before it and the broker stop.
         cleanup.callback(self._close_feed)
         self._check_stop()
@@ -1215,3 +1046,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if duration is not None and duration <= 0:
         raise ConfigError("demo: --duration must be positive", hint="e.g. --duration 30")
     return Demo(duration, bool(getattr(args, "debug", False)), sys.stdout).run()
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """``cdcd local up|down [--dir DIR]``: see :mod:`cdcd.local.keep`."""
+    from cdcd.local.keep import AlreadyUp, down, up
+
+    directory = Path(args.dir)
+    if args.action == "down":
+        if not down(directory):
+            raise ConfigError(
+                f"nothing to stop: {directory} holds no servers started by 'cdcd local up'",
+                hint="pass the --dir given to 'cdcd local up'",
+            )
+        print(f"stopped the local PostgreSQL and broker of {directory}, removed their data")
+        return 0
+    try:
+        kept = up(directory)
+    except AlreadyUp as exc:
+        raise ConfigError(str(exc), hint=f"'cdcd local down --dir {directory}' first") from exc
+    except (PostgresSetupError, BrokerSetupError) as exc:
+        raise CdcdError(f"cdcd local: {exc}") from exc
+    print(f"PostgreSQL {kept.version}: {kept.dsn}")
+    print(f"Kafka-compatible broker (in memory): {kept.bootstrap_servers}")
+    print(f"Both keep running. Configuration for them, written to {kept.config_path}:")
+    print()
+    print(kept.config_text)
+    print("Next: create your tables (psql \"" + kept.dsn + "\"), then")
+    print(f"  cdcd check -c {kept.config_path} && cdcd run -c {kept.config_path}")
+    print(f"  cdcd tail -c {kept.config_path} --from beginning    # in another terminal")
+    print(f"Stop both and remove their data: cdcd local down --dir {directory}")
+    return 0
+

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.integration
 def test_bench_json_has_the_spec_keys() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cdcd", "bench", "--json", "--rows", "20000", "--big-rows", "20000",
-         "--latency-seconds", "1", "--offered-rows-per-s", "2000"],
+         "--latency-seconds", "1", "--offered-rows-per-s", "2000", "--sync-seconds", "1"],
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -42,3 +43,63 @@ def test_bench_json_has_the_spec_keys() -> None:
     assert data["cpu_count"] >= 1
     assert data["snapshot"]["rows"] == 20000 and data["snapshot"]["rows_per_s"] > 0
     assert data["snapshot"]["cdcd_cpu_us_per_row"] > 0
+    _assert_ceilings(data)
+    _assert_synchronous_section(data["synchronous"], seconds=1.0)
+
+
+def _assert_ceilings(data: dict[str, Any]) -> None:
+    """The server-side ceilings (walsender serving cdcd, decode with no client, COPY) and
+    cdcd's ratios against each are present and consistent with one another."""
+    rate = data["cdcd_rows_per_s"]
+    walsender_us = data["walsender_cpu_us_per_row_cdcd"]
+    assert walsender_us > 0
+    # One core spent the way the walsender spent it serving cdcd.
+    assert data["walsender_limit_rows_per_s"] == pytest.approx(1e6 / walsender_us, rel=0.02)
+    assert data["ratio_walsender_limit"] == pytest.approx(
+        rate / data["walsender_limit_rows_per_s"], rel=0.02
+    )
+    assert data["cpu_ratio_walsender_cdcd"] == pytest.approx(
+        data["cdcd_cpu_us_per_row"] / walsender_us, rel=0.02
+    )
+    # The peek decoded the whole load: BEGIN, an INSERT per row, COMMIT, RELATION.
+    assert data["decode_messages"] >= data["rows"] + 2 * data["rows"] // 10
+    assert data["decode_rows_per_s"] > 0 and data["decode_server_cpu_us_per_row"] > 0
+    assert data["decode_rows_per_s"] == pytest.approx(
+        data["rows"] / data["decode_seconds"], rel=0.05
+    )
+    assert data["ratio_decode"] == pytest.approx(rate / data["decode_rows_per_s"], rel=0.02)
+    snap = data["snapshot"]
+    assert snap["connections"] >= 1
+    assert snap["copy_rows_per_s"] > 0 and snap["copy_server_cpu_us_per_row"] > 0
+    assert snap["copy_rows_per_s"] == pytest.approx(snap["rows"] / snap["copy_seconds"], rel=0.05)
+    assert snap["ratio_copy"] == pytest.approx(snap["rows_per_s"] / snap["copy_rows_per_s"],
+                                               rel=0.02)
+    assert snap["cpu_ratio_copy_server"] == pytest.approx(
+        snap["cdcd_cpu_us_per_row"] / snap["copy_server_cpu_us_per_row"], rel=0.02
+    )
+
+
+def _assert_synchronous_section(sync: dict[str, Any], seconds: float) -> None:
+    """p50/p99/max of single-row commits: cdcd synchronous (captured, uncaptured), and not."""
+    assert sync["commits_per_s"] == 200 and sync["seconds"] == seconds
+    for key in ("captured_ms", "uncaptured_ms", "not_synchronous_ms"):
+        summary = sync[key]
+        assert 0 < summary["p50"] <= summary["p99"] <= summary["max"], (key, summary)
+    baseline = sync["not_synchronous_ms"]["p99"]
+    assert sync["added_p99_ms"] == {
+        "captured": pytest.approx(sync["captured_ms"]["p99"] - baseline, abs=0.002),
+        "uncaptured": pytest.approx(sync["uncaptured_ms"]["p99"] - baseline, abs=0.002),
+    }
+
+
+def test_bench_only_synchronous() -> None:
+    """``--only synchronous`` runs that section alone, quickly."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cdcd", "bench", "--json", "--only", "synchronous",
+         "--sync-seconds", "0.5"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(data) == {"synchronous", "native"}
+    _assert_synchronous_section(data["synchronous"], seconds=0.5)

@@ -9,6 +9,7 @@ nothing behind -- no directory, no process, no listening port.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -21,7 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg2
 import pytest
+import yaml
+from confluent_kafka.admin import AdminClient
 
 pytestmark = pytest.mark.integration
 
@@ -286,3 +290,36 @@ def test_count_mismatches_compares_per_table_and_op() -> None:
     # More published than written is someone else's change (psql): fine.
     more = {**written, ("public.customers", "d"): 1}
     assert count_mismatches(written, more, more) == []
+
+
+def test_local_up_keeps_the_servers_and_down_removes_them(tmp_path: Path) -> None:
+    """``cdcd local up`` (issue 29): both servers outlive the command, with a config that works."""
+    directory = tmp_path / "local"
+
+    def cdcd(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cdcd", *args], capture_output=True,
+                              text=True, timeout=120, cwd=PROJECT_ROOT)
+
+    up = cdcd("local", "up", "--dir", str(directory))
+    state = json.loads((directory / "local.json").read_text()) if up.returncode == 0 else None
+    try:
+        assert up.returncode == 0, up.stderr
+        config = yaml.safe_load((directory / "cdcd.yaml").read_text())
+        assert config["postgres"]["dsn"] in up.stdout and "cdcd local down" in up.stdout
+        # The command has exited; both servers still answer, at the printed addresses.
+        with psycopg2.connect(config["postgres"]["dsn"]) as conn, conn.cursor() as cur:
+            cur.execute("SHOW wal_level")
+            assert cur.fetchone() == ("logical",)
+        admin = AdminClient({"bootstrap.servers": config["kafka"]["bootstrap_servers"]})
+        assert admin.list_topics(timeout=10).brokers
+        again = cdcd("local", "up", "--dir", str(directory))
+        assert again.returncode == 2 and "already has servers running" in again.stderr
+    finally:
+        down = cdcd("local", "down", "--dir", str(directory))
+    assert down.returncode == 0, down.stderr
+    assert state is not None
+    for server in ("postgres", "broker"):
+        assert not Path(state[server]["base_dir"]).exists(), state[server]
+        assert not _listening(f"127.0.0.1:{state[server]['port']}"), f"{server} still listens"
+    assert not (directory / "local.json").exists()
+    assert cdcd("local", "down", "--dir", str(directory)).returncode == 2

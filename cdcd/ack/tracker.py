@@ -43,7 +43,9 @@ has durably written it and every batch before it):
    ``poll()``/``flush()``: once a delivery has failed, ``confirmed`` is frozen
    forever and the pipeline must stop; a restart replays from the slot.
 5. On a keepalive or heartbeat with nothing in flight it calls
-   :meth:`AckTracker.advance_idle` so that an idle slot does not pin WAL.
+   :meth:`AckTracker.advance_idle` so that an idle slot does not pin WAL,
+   and so that a synchronous commit that publishes nothing to cdcd (another
+   table, another database) is confirmed at once.
 6. For a prepared-but-uncommitted transaction (two-phase, protocol v3) whose
    changes are held back until ``COMMIT PREPARED``, it takes
    ``hold(prepare.prepare_lsn)``: PostgreSQL skips a prepared transaction on

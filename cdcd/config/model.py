@@ -90,6 +90,18 @@ class TableConfig(_Model):
         description="full: cdcd sets REPLICA IDENTITY FULL on a table that has no primary key "
         "or identity index (an explicit opt-in; otherwise such a table is refused)",
     )
+    history: bool = Field(
+        False,
+        description="cdcd mirror: also keep the table's history table (every version of "
+        "every row, SCD type 2), as --history does for every table",
+    )
+    history_columns: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="cdcd mirror history: only changes to these columns start a new version "
+        "(AutoCDC's track_history_column_list); a change to other columns only updates the "
+        "current version. Default: every column",
+    )
 
     @field_validator("columns")
     @classmethod
@@ -152,6 +164,13 @@ class PostgresConfig(_Model):
         "that may be promoted (the dsn then lists them: host=a,b target_session_attrs=read-write; "
         "docs/failover.md); refused on older servers",
     )
+    application_name: str | None = Field(
+        None,
+        pattern=r"^[\x20-\x7e]{1,63}$",
+        description="application_name of the replication connection, the name to list in "
+        "synchronous_standby_names to make cdcd a synchronous standby (docs/synchronous.md); "
+        "null: the slot name",
+    )
     status_interval_s: float = Field(
         10.0, gt=0, description="standby status interval; must be below wal_sender_timeout/2"
     )
@@ -203,6 +222,11 @@ class PostgresConfig(_Model):
         if len(set(parsed)) != len(parsed):
             raise ValueError("tables are listed twice")
         return tables
+
+    @property
+    def replication_application_name(self) -> str:
+        """``application_name`` of the replication connection: the configured one, or the slot."""
+        return self.application_name or self.slot
 
     @property
     def table_names(self) -> list[str] | None:
@@ -308,6 +332,12 @@ class SchemaChangesConfig(_Model):
         description="auto | never: re-snapshot a table after a migration that changed its rows "
         "without row changes in the WAL (a rewrite); never logs one warning per skipped heal "
         "(docs/schema-changes.md)",
+    )
+    check_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="seconds between comparisons of every captured table's recorded shape with "
+        "the catalog, which finds migrations of tables that are not written again; 0: off",
     )
 
 
@@ -489,10 +519,11 @@ def _describe(error: Any, source: str) -> str:
 
 
 def parse_config(data: Any, source: str = "configuration") -> CdcdConfig:
-    """Validate already-loaded YAML data; the first error is reported, an unknown key first.
+    """Validate already-loaded YAML data; every error is reported, unknown keys first.
 
     A typo'd key (``bootstrap_server``) also makes the real one missing; the
-    unknown key with the nearest known name is what the operator must fix.
+    unknown key with the nearest known name is what the operator must fix, so
+    the missing one it stands for is not reported again.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
@@ -500,12 +531,22 @@ def parse_config(data: Any, source: str = "configuration") -> CdcdConfig:
         return CdcdConfig.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
-        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        message = _describe(first, source)
-        more = len(errors) - 1
-        if more:
-            message += f" (and {more} more error{'s' if more > 1 else ''})"
-        raise ConfigError(message) from exc
+        unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+        # A typo'd key's "did you mean" target is reported missing too: said once.
+        implied: set[tuple[Any, ...]] = set()
+        for error in unknown:
+            loc = tuple(error["loc"])
+            _, model = _locate(loc)
+            if model is not None:
+                close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+                implied.update((*loc[:-1], name) for name in close)
+        rest = [
+            e
+            for e in errors
+            if e["type"] != "extra_forbidden" and not (e["type"] == "missing" and tuple(e["loc"]) in implied)
+        ]
+        described = [_describe(e, source).removeprefix(f"{source}: ") for e in unknown + rest]
+        raise ConfigError(f"{source}: " + "; ".join(described)) from exc
 
 
 def load_config(path: str | Path) -> CdcdConfig:

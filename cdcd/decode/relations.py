@@ -67,8 +67,13 @@ class TableVersion:
     defaults: tuple[ColumnDefault | None, ...] = ()
     aliases: tuple[tuple[str, ...], ...] = ()
     #: Key columns that stay nullable in the row record because an earlier
-    #: schema had them nullable (so older records still resolve).
+    #: schema had them nullable, or had them of another type (so older
+    #: records still resolve).
     optional: tuple[bool, ...] = ()
+    #: Per column, the Avro types earlier schemas of the topic wrote under
+    #: its name or its aliases, other than its own (JSON; empty: none): the
+    #: row record's field is the union of them all (``cdcd.envelope.schemas``).
+    history: tuple[tuple[Any, ...], ...] = ()
     #: Made by a snapshot from the catalog, not by the stream: version numbers
     #: of the two caches are independent, so caches keyed by version tell them apart.
     snapshot: bool = False
@@ -92,9 +97,17 @@ class TableVersion:
     def aliases_of(self, index: int) -> tuple[str, ...]:
         return self.aliases[index] if self.aliases else ()
 
+    def history_of(self, index: int) -> tuple[Any, ...]:
+        return self.history[index] if self.history else ()
+
     def nullable(self, index: int) -> bool:
-        """Whether column ``index`` is a union with null in the row record."""
-        return index not in self.key_indexes or (bool(self.optional) and self.optional[index])
+        """Whether column ``index`` is a union with null in the row record (a key
+        column with a type history is one: it is a union anyway)."""
+        return (
+            index not in self.key_indexes
+            or (bool(self.optional) and self.optional[index])
+            or bool(self.history and self.history[index])
+        )
 
 
 def _shape(message: Relation) -> tuple[object, ...]:

@@ -19,8 +19,15 @@ Envelope rules (SPEC §4, §5):
   null value) when the table has a key.
 * truncate ``t``: before and after null, null key.
 * unchanged TOAST (``u`` in TupleData): null in ``after`` and named in
-  ``unchanged_toast`` — unless the old image (REPLICA IDENTITY FULL) carries
-  the value, which is then used and not listed.
+  ``unchanged_toast`` — unless the old image carries the value (REPLICA
+  IDENTITY FULL, or the old key PostgreSQL logs whenever a key column is
+  stored out of line), which is then used and not listed.
+
+Identity is decided on values, never on TupleData kinds: a key column marked
+``u`` is by definition unchanged, and takes its value from the old image
+(:func:`fill_unchanged`); the Kafka key is made from that value. A ``u`` key
+column with no old value to take cannot give a key: that is an
+``EncodeError`` naming that column, never a guessed key.
 
 A value that cannot be converted is an ``EncodeError`` naming table, column
 and LSN; nothing is skipped. So is a binary (``b``) value: cdcd never asks
@@ -227,31 +234,49 @@ class TableEncoder:
                 return row, toast, self.key(data, stamp)
             return self._encode_row(data, fill)
         except (ValueError, OverflowError, TypeError) as exc:
-            column = self._names[_failed_column(self, data, fill)]
+            failed = _failed_column(self, data, fill)
             raise EncodeError(
-                f"{self.table.qualified_name}.{column}: cannot encode value at LSN {stamp.lsn}: {exc}",
-                hint=_BINARY_HINT
-                if isinstance(exc, BinaryValueRefused)
-                else "fix or remove the value, or exclude the table; cdcd stops rather than skip it",
+                f"{self.table.qualified_name}.{self._names[failed]}: cannot encode value at "
+                f"LSN {stamp.lsn}: {exc}",
+                hint=_BINARY_HINT if isinstance(exc, BinaryValueRefused) else _hint(data, failed),
             ) from exc
 
     def key(self, data: TupleData, stamp: TxnStamp) -> bytes | None:
-        """The Kafka key from a row image, or None for tables without a key."""
+        """The Kafka key from a row image, or None for tables without a key.
+
+        An unchanged-TOAST key column must have been filled from the old
+        image first (:func:`fill_unchanged`): its value is not in ``data``.
+        """
         if self._encode_key is None:
             return None
         try:
             return self._encode_key(data)
         except (ValueError, OverflowError, TypeError, IndexError) as exc:
+            failed = _failed_key_column(self, data)
+            where = (
+                self.table.qualified_name
+                if failed is None
+                else f"{self.table.qualified_name}.{self._names[failed]}"
+            )
             raise EncodeError(
-                f"{self.table.qualified_name}: cannot encode key at LSN {stamp.lsn}: {exc}",
-                hint=_BINARY_HINT
-                if isinstance(exc, BinaryValueRefused)
-                else "check the table's replica identity",
+                f"{where}: cannot encode key at LSN {stamp.lsn}: {exc}",
+                hint=_BINARY_HINT if isinstance(exc, BinaryValueRefused) else _hint(data, failed),
             ) from exc
 
     def key_changed(self, old: TupleData, new: TupleData) -> bool:
+        """Whether an update moved the row to another key, decided on values.
+
+        A key column the new image marks unchanged (``u``) did not change,
+        whatever the old image says of it. A column whose old value is not
+        known (not ``t`` in the old image) while the new one is counts as
+        changed: the delete of the old key then fails to encode, naming the
+        column, rather than publish anything wrong.
+        """
         for i in self._key_indexes:
-            if old.kinds[i] != new.kinds[i] or old.values[i] != new.values[i]:
+            kind = new.kinds[i]
+            if kind == KIND_UNCHANGED_TOAST:
+                continue
+            if old.kinds[i] != kind or old.values[i] != new.values[i]:
                 return True
         return False
 
@@ -284,6 +309,10 @@ class TableEncoder:
         """
         toast: list[str] | None = None
         key: bytes | None = None
+        if before is not None and after is not None:
+            # Unchanged TOAST values the old image carries (the key above
+            # all): the compiled encoder leaves every 'u' to this method.
+            after = fill_unchanged(after, before)
         if before is None:
             before_branch, before_row = NULL_BRANCH, b""
         else:
@@ -318,20 +347,88 @@ class TableEncoder:
         )
 
 
+def fill_unchanged(new: TupleData, old: TupleData | None) -> TupleData:
+    """``new`` with each unchanged-TOAST (``u``) column taken from ``old`` where it has the value.
+
+    ``u`` means PostgreSQL did not rewrite the value, so the old image's value
+    (REPLICA IDENTITY FULL, or the old key it logs when a key column is
+    stored out of line) is the new one. Only text values are taken: ``n`` in
+    an old key image means "not sent", not null.
+    """
+    if old is None or KIND_UNCHANGED_TOAST not in new.kinds or len(old.kinds) != len(new.kinds):
+        return new
+    kinds = bytearray(new.kinds)
+    values = list(new.values)
+    filled = False
+    for i, kind in enumerate(new.kinds):
+        if kind == KIND_UNCHANGED_TOAST and old.kinds[i] == KIND_TEXT:
+            kinds[i] = KIND_TEXT
+            values[i] = old.values[i]
+            filled = True
+    return TupleData(bytes(kinds), tuple(values)) if filled else new
+
+
+#: The way past a change no restart can publish (docs/operations.md, "A change cdcd cannot publish").
+_WAY_PAST = (
+    "to go past it: stop cdcd, drop the slot (pg_drop_replication_slot) and run 'cdcd resync', "
+    "which starts a new slot and re-snapshots the tables"
+)
+#: What to do about an unchanged-TOAST key value PostgreSQL sent without the old key.
+_TOAST_KEY_HINT = (
+    "PostgreSQL sent an unchanged out-of-line key value without the old key (older minor "
+    "releases do): upgrade PostgreSQL or set REPLICA IDENTITY FULL on the table; "
+    f"{_WAY_PAST}"
+)
+_NULL_KEY_HINT = f"a key column is null: check the table's replica identity; {_WAY_PAST}"
+_VALUE_HINT = (
+    "fix or remove the value, or exclude the table; cdcd stops rather than skip it; "
+    f"{_WAY_PAST}"
+)
+
+
+def _hint(data: TupleData, failed: int | None) -> str:
+    kind = data.kinds[failed] if failed is not None else None
+    if kind == KIND_UNCHANGED_TOAST:
+        return _TOAST_KEY_HINT
+    return _NULL_KEY_HINT if kind == KIND_NULL else _VALUE_HINT
+
+
+def _refused(encoder: TableEncoder, i: int, kind: int, value: bytes | None, plain: bool) -> bool:
+    """Whether column ``i`` of kind/value cannot be encoded (``plain``: no null branch)."""
+    try:
+        if kind == KIND_TEXT:
+            encoder._text[i](value)  # type: ignore[arg-type]
+            return False
+    except (ValueError, OverflowError, TypeError):
+        return True
+    if kind == KIND_NULL:
+        return plain
+    # 'u' that nothing filled: a nullable column is named in unchanged_toast,
+    # a plain (key) column has no value to give. 'b' and unknown kinds: refused.
+    return kind != KIND_UNCHANGED_TOAST or plain
+
+
+#: Old-image kinds the row encoder takes for a 'u' (rowcode's ``rare``): a value, or a refusal.
+_FILLS = (KIND_TEXT, KIND_BINARY)
+
+
 def _failed_column(encoder: TableEncoder, data: TupleData, fill: TupleData | None) -> int:
     """Find which column fails to convert (slow path, only after an error)."""
     for i, kind in enumerate(data.kinds):
         value = data.values[i]
-        if kind == KIND_UNCHANGED_TOAST and fill is not None:
+        if kind == KIND_UNCHANGED_TOAST and fill is not None and fill.kinds[i] in _FILLS:
             kind, value = fill.kinds[i], fill.values[i]
-        try:
-            if kind == KIND_TEXT:
-                encoder._text[i](value)  # type: ignore[arg-type]
-            elif kind == KIND_BINARY or (kind == KIND_NULL and not encoder._branches[i]):
-                return i
-        except (ValueError, OverflowError, TypeError):
+        if _refused(encoder, i, kind, value, not encoder._branches[i]):
             return i
     return 0
+
+
+def _failed_key_column(encoder: TableEncoder, data: TupleData) -> int | None:
+    """The key column that fails to encode in a key (slow path), None if none does."""
+    for i in encoder._key_indexes:
+        if _refused(encoder, i, data.kinds[i], data.values[i], True):
+            return i
+    return None
 
 
 class EnvelopeEncoder:

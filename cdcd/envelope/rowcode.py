@@ -105,7 +105,11 @@ def compile_row_encoder(
             if old_kind == KIND_BINARY:
                 raise BinaryValueRefused(names[i])
         if not branches[i]:
-            raise ValueError(f"unchanged TOAST value in key column {names[i]}")
+            # A key column: its value is the key, and PostgreSQL sent neither it
+            # nor (in the old image) the value it kept.
+            raise ValueError(
+                f"key column {names[i]} sent as unchanged TOAST ('u') with no old value to take"
+            )
         toast = [] if toast is None else toast
         toast.append(names[i])
         return nulls[i], b"", toast
@@ -201,6 +205,10 @@ def compile_key_encoder(
     def bad(i: int, kind: int) -> bytes:
         if kind == KIND_BINARY:
             raise BinaryValueRefused(f"key column {names[i]}")
+        if kind == KIND_UNCHANGED_TOAST:
+            raise ValueError(
+                f"key column {names[i]} sent as unchanged TOAST ('u') with no old value to take"
+            )
         raise ValueError(f"key column {names[i]} sent as {chr(kind)!r}")
 
     namespace: dict[str, object] = {"_bad": bad, "H": header, "_join": b"".join}

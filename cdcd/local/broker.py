@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -367,6 +367,38 @@ class LocalBroker:
             atexit.unregister(self._atexit_cleanup)
             shutil.rmtree(self._base, ignore_errors=True)
 
+    def detach(self) -> dict[str, Any]:
+        """Leave the broker running after this process exits (``cdcd local up``).
+
+        Returns what :meth:`stop_detached` needs to stop it later, from any process.
+        """
+        atexit.unregister(self._atexit_cleanup)
+        self._cleaned = True
+        return {
+            "base_dir": str(self._base),
+            "binary": str(self._binary),
+            "port": self._port,
+            "pid": self.pid,
+        }
+
+    @staticmethod
+    def stop_detached(state: Mapping[str, Any]) -> None:
+        """Stop a broker :meth:`detach` left running, and remove its directory.
+
+        Only the process recorded there is signalled, and only while its command
+        line is still that broker's (a PID can be reused after it exits).
+        """
+        pid = int(state["pid"])
+        if _is_our_broker(pid, str(state["binary"]), int(state["port"])):
+            os.kill(pid, signal.SIGCONT)  # a frozen broker would keep SIGTERM pending
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + _STOP_TIMEOUT_S
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(state["base_dir"], ignore_errors=True)
+
     def _atexit_cleanup(self) -> None:
         """Last-resort cleanup at interpreter exit, only in the creating process."""
         if os.getpid() == self._creator_pid:
@@ -388,3 +420,23 @@ class LocalBroker:
     def __repr__(self) -> str:
         """Where the broker listens."""
         return f"LocalBroker(bootstrap_servers={self.bootstrap_servers!r}, pid={self.pid})"
+
+
+def _is_our_broker(pid: int, binary: str, port: int) -> bool:
+    """Whether ``pid`` runs ``binary`` listening on ``port`` (from /proc)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and argv[0].decode(errors="replace") == binary and (
+        f"tcp://127.0.0.1:{port}".encode() in argv
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    """Running (not gone, not a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -800,6 +800,43 @@ class LocalPostgres:
                     shutil.rmtree(path, ignore_errors=True)
                 self.log_path.unlink(missing_ok=True)
 
+    def detach(self) -> dict[str, Any]:
+        """Leave the server running after this process exits (``cdcd local up``).
+
+        Returns what :meth:`stop_detached` needs to stop it later, from any
+        process: nothing here stops or removes it any more.
+        """
+        atexit.unregister(self._atexit_cleanup)
+        self._cleaned = True
+        return {
+            "base_dir": str(self._base),
+            "owns_base_dir": self._owns_base,
+            "bindir": str(self._bindir),
+            "run_as": self._run_as,
+            "port": self._port,
+            "pid": self._ready_pid(),
+        }
+
+    @classmethod
+    def stop_detached(cls, state: Mapping[str, Any]) -> None:
+        """Stop a server :meth:`detach` left running (``pg_ctl stop`` on its data directory)
+        and remove its directories."""
+        cluster = cls(
+            Path(state["base_dir"]),
+            bindir=Path(state["bindir"]),
+            run_as=state.get("run_as"),
+            owns_base_dir=bool(state.get("owns_base_dir")),
+            settings={},
+        )
+        atexit.unregister(cluster._atexit_cleanup)
+        if (cluster.datadir / "postmaster.pid").exists():
+            cluster._run(
+                [str(cluster._bindir / "pg_ctl"), "stop", "-D", str(cluster.datadir), "-m", "fast",
+                 "-w", "-t", str(_START_TIMEOUT_S)],
+            )  # fmt: skip
+        cluster._cleaned = False
+        cluster.cleanup()  # nothing runs any more: only the directories go
+
     def _atexit_cleanup(self) -> None:
         """Last-resort cleanup at interpreter exit, only in the creating process.
 

@@ -124,6 +124,7 @@ class TableMetrics:
     snapshot_rows: Counter
     snapshot_rows_estimated: Gauge
     snapshot_chunks: Counter
+    snapshot_failures: Counter
 
 
 class Metrics:
@@ -293,6 +294,14 @@ class Metrics:
             registry=reg,
         )
 
+        self.snapshot_failures = Counter(
+            "cdcd_snapshot_failures",
+            "Snapshot jobs that failed or were rejected, by table (a failed heal is retried; "
+            "the log line says why).",
+            ("table",),
+            registry=reg,
+        )
+
         self.schema_changes = Counter(
             "cdcd_schema_changes",
             "Schema changes detected in the stream, by table and kind (docs/schema-changes.md).",
@@ -328,6 +337,13 @@ class Metrics:
             "snapshotting, reconnecting or draining.",
             registry=reg,
         )
+        self.synchronous_standby = Gauge(
+            "cdcd_synchronous_standby",
+            "1 while PostgreSQL counts cdcd's replication connection as a synchronous standby "
+            "(pg_stat_replication.sync_state sync or quorum: commits wait for Kafka), 0 "
+            "otherwise; sampled with the slot metrics.",
+            registry=reg,
+        )
         self.spill_bytes = Gauge(
             "cdcd_spill_bytes",
             "Bytes of in-progress streamed transactions currently spilled to local files.",
@@ -354,6 +370,8 @@ class Metrics:
                     snapshot_rows=self.snapshot_rows.labels(table),
                     snapshot_rows_estimated=self.snapshot_rows_estimated.labels(table),
                     snapshot_chunks=self.snapshot_chunks.labels(table),
+                    # At 0 from the first sight of the table, so that increase() sees the first failure.
+                    snapshot_failures=self.snapshot_failures.labels(table),
                 )
                 self._tables[table] = found
             return found
@@ -428,6 +446,13 @@ class Metrics:
     def schema_change(self, table: str, kind: str) -> None:
         """Count one detected schema change (rare: a lock per call is fine)."""
         self.schema_changes.labels(table, kind).inc()
+
+    def snapshot_failure(self, table: str) -> None:
+        """Count one failed or rejected snapshot job of ``table`` (rare; ``-``: a request naming none)."""
+        if table == "-":
+            self.snapshot_failures.labels(table).inc()
+        else:
+            self.table(table).snapshot_failures.inc()
 
     def reconnect(self, reason: str) -> None:
         """Count one restart of the replication session for ``reason``.

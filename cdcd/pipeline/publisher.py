@@ -44,6 +44,7 @@ from cdcd.envelope.encoder import (
     EnvelopeEncoder,
     TableEncoder,
     TxnStamp,
+    fill_unchanged,
     make_stamp,
 )
 from cdcd.envelope.records import (
@@ -369,13 +370,20 @@ class Publisher:
         if kind is Update:
             old, new = message.old, message.new  # type: ignore[union-attr]
             if old is not None and encoder.key_schema is not None and encoder.key_changed(old, new):
-                # The key changed: a delete (plus tombstone) under the old key
-                # and a create under the new one, as Debezium publishes it.
-                old_key, value = encoder.encode_change(OP_DELETE, old, None, stamp, self._seq)
-                self._send(topic, old_key, value)
+                # The key changed (on values: a 'u' key column never did): a
+                # delete (plus tombstone) under the old key and a create under
+                # the new one, as Debezium publishes it. Both are encoded before
+                # either is sent: a create that cannot be encoded must not
+                # leave a delete of a live row in Kafka. The create takes the
+                # unchanged TOAST values the old image carries (FULL).
+                seq = self._seq
+                old_key, deleted = encoder.encode_change(OP_DELETE, old, None, stamp, seq)
+                key, created = encoder.encode_change(
+                    OP_CREATE, None, fill_unchanged(new, old), stamp, seq + 2
+                )
+                self._send(topic, old_key, deleted)
                 self._send(topic, old_key, None)
-                key, value = encoder.encode_change(OP_CREATE, None, new, stamp, self._seq)
-                self._send(topic, key, value)
+                self._send(topic, key, created)
                 counts[_D] += 1
                 counts[_C] += 1
             else:
@@ -551,7 +559,8 @@ class Publisher:
                 if isinstance(message, Insert):
                     images.append(message.new)
                 elif isinstance(message, Update):
-                    images.append(message.new)
+                    # A 'u' key column's value is the old image's.
+                    images.append(fill_unchanged(message.new, message.old))
                     if message.old is not None:
                         images.append(message.old)
                 else:

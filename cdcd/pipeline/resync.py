@@ -55,7 +55,7 @@ from typing import Any
 from cdcd.ack.tracker import AckTracker
 from cdcd.config.model import CdcdConfig
 from cdcd.envelope.encoder import EnvelopeEncoder
-from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat
+from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat, registry_client
 from cdcd.errors import DefiniteError, TransientError
 from cdcd.naming import format_table, schemas_topic, split_table
 from cdcd.pipeline.publisher import Publisher
@@ -65,7 +65,7 @@ from cdcd.protocol.messages import Truncate
 from cdcd.sink.producer import KafkaSink, build_producer_config
 from cdcd.sink.topics import check_broker, ensure_topics, topic_spec
 from cdcd.snapshot.rows import plan_table
-from cdcd.snapshot.store import CANCELLED, PENDING, RUNNING, SignalTable
+from cdcd.snapshot.store import CANCELLED, PENDING, RESYNC_JOB_PREFIX, RUNNING, SignalTable
 from cdcd.source.catalog import PgCatalog
 from cdcd.source.database import RESYNC_HINT, SlotInfo, SlotLostError, SourceDatabase
 from cdcd.source.slot_holder import slot_holder
@@ -86,7 +86,6 @@ log = logging.getLogger("cdcd.resync")
 SLOT_RECORD_TYPE = "slot-state"
 IN_USE = "in-use"
 RESYNCING = "resyncing"
-RESYNC_JOB_PREFIX = "resync:"
 #: How long resync waits for Kafka to acknowledge the truncates.
 _DELIVERY_TIMEOUT_S = 60.0
 #: PostgreSQL timestamps count microseconds from 2000-01-01.
@@ -268,7 +267,8 @@ def resync(config: CdcdConfig) -> ResyncResult:
             job_id = f"{RESYNC_JOB_PREFIX}{pg.slot}:{uuid.uuid4().hex[:12]}"
             job = (
                 job_id,
-                {"data-collections": tables, "type": "incremental", "reason": "resync"},
+                # Addressed to this slot: other daemons sharing the signal table leave it alone.
+                {"data-collections": tables, "type": "incremental", "reason": "resync", "slot": pg.slot},
             )
         _cancel_old_jobs(signals, pg.slot)
         _write_record(signals, pg.slot, IN_USE, info, job)
@@ -363,11 +363,7 @@ def _wire_format(config: CdcdConfig, sink: KafkaSink, ensure: Any) -> WireFormat
     """The daemon's wire format (the session's, without its status updates)."""
     registry = config.schema_registry
     if registry.url:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        return ConfluentFormat(
-            SchemaRegistryClient.new_client({"url": registry.url, **registry.config})
-        )
+        return ConfluentFormat(registry_client(registry.url, registry.config))
     schemas = schemas_topic(config.kafka.topic_prefix)
     ensure(schemas)
 

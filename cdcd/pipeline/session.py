@@ -6,10 +6,17 @@ so the ack tracker needs no locks and ordering is obvious. Between messages
 the loop serves delivery reports every few hundred messages and whenever the
 socket is drained — then it also flushes the producer, so ``linger.ms``
 batches only while there is a backlog and a caught-up stream is sent at
-once; it sends a standby status update (flush = the tracker's
-confirmed LSN) every ``status_interval_s`` — also while blocked on a full
-producer queue, so the walsender does not time the session out during a
-broker outage.
+once.
+
+Standby status updates (write = the end of the WAL received, flush = apply =
+the tracker's confirmed LSN) go out as soon as the confirmed position moves;
+when the socket is drained and more WAL was received than last reported,
+while the server counts cdcd as a synchronous standby (what ``remote_write``
+waits for); right after psycopg2 answered a keepalive on its own; and every
+``status_interval_s`` — also while blocked on a full producer queue, so the
+walsender does not time the session out during a broker outage. So a
+synchronous commit waits for one walsender wake-up and one Kafka
+acknowledgement, never for a status interval (docs/synchronous.md).
 
 When nothing is in flight and no transaction is partly received, the
 server's ``wal_end`` (from keepalives) is confirmed, so an idle slot does not
@@ -42,7 +49,7 @@ from cdcd.ack.tracker import AckTracker, TxnTicket
 from cdcd.config.model import CdcdConfig
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import EnvelopeEncoder
-from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat
+from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat, registry_client
 from cdcd.errors import CdcdError, TransientError
 from cdcd.naming import HEARTBEAT_PREFIX, schemas_topic, split_table
 from cdcd.observability import systemd
@@ -64,13 +71,13 @@ from cdcd.source.database import SourceDatabase
 from cdcd.source.markers import MarkerTransactions
 from cdcd.source.replication import ReplicationStream
 from cdcd.source.slot_holder import slot_holder, slot_in_use
+from cdcd.source.synchronous import COUNTED_STATES, walsender_sync_state
 from cdcd.source.versions import has_messages, require_failover, require_protocol
 
 log = logging.getLogger("cdcd.pipeline")
 
 _POLL_EVERY = 256  # messages between delivery-report polls
 _DRAIN_TIMEOUT_S = 30.0
-_PROGRESS_STATUS_MIN_S = 0.2
 _IN_FLIGHT_WAIT_S = 0.001
 _IDLE_WAIT_S = 0.5
 
@@ -120,8 +127,12 @@ class Session:
         self._publisher: Publisher | None = None
         self._last_status = 0.0
         self._sent_confirmed: Lsn | None = None
+        # The end of the WAL received (write position), and what was last sent of it.
+        self._received = 0
+        self._sent_received = 0
         self._age_confirmed: Lsn | None = None
         self._markers: MarkerTransactions | None = None
+        self._sync_state: str | None = None
         # Commit timestamps (ms) of transactions delivered since the last
         # _observe_latency(): observed in one go after each poll.
         self._delivered_ms: list[int] = []
@@ -152,11 +163,7 @@ class Session:
     def _wire_format(self, sink: KafkaSink) -> WireFormat:
         registry = self.config.schema_registry
         if registry.url:
-            from confluent_kafka.schema_registry import SchemaRegistryClient
-
-            return ConfluentFormat(
-                SchemaRegistryClient.new_client({"url": registry.url, **registry.config})
-            )
+            return ConfluentFormat(registry_client(registry.url, registry.config))
         schemas = schemas_topic(self.config.kafka.topic_prefix)
         if self.config.kafka.create_topics:
             self._ensure(topic_spec(self.config.kafka, schemas))
@@ -260,9 +267,16 @@ class Session:
             if exported is not None:
                 exported.close()
         stream = ReplicationStream(
-            pg.dsn, pg.slot, pg.publication, pg.protocol_version, pg.connect_timeout_s, pg.origin
+            pg.dsn,
+            pg.slot,
+            pg.publication,
+            pg.protocol_version,
+            pg.connect_timeout_s,
+            pg.origin,
+            application_name=pg.replication_application_name,
         )
         assert self._tracker is not None and self._sink is not None and self._assembler is not None
+        self._received = int(self._tracker.confirmed)
         try:
             stream.start(self._tracker.confirmed)
         except CdcdError:
@@ -338,6 +352,16 @@ class Session:
         encoder = EnvelopeEncoder(
             cfg.kafka.topic_prefix, db.database, wire, topics=pg.topic_overrides()
         )
+        schema = SchemaChanges(
+            db,
+            catalog,
+            signals,
+            pg.slot,
+            resnapshot=cfg.schema_changes.resnapshot == "auto",
+            metrics=self.metrics,
+            publication=pg.publication,
+            check_interval_s=cfg.schema_changes.check_interval_s,
+        )
         publisher = Publisher(
             sink,
             tracker,
@@ -347,15 +371,7 @@ class Session:
             ensure_topic=self._ensure_topic,
             metrics=self.metrics,
             transaction_records=cfg.kafka.transaction_records,
-            schema_tracker=SchemaChanges(
-                db,
-                catalog,
-                signals,
-                pg.slot,
-                resnapshot=cfg.schema_changes.resnapshot == "auto",
-                metrics=self.metrics,
-                publication=pg.publication,
-            ),
+            schema_tracker=schema,
         )
         publisher.use_markers(self._markers)
         self._publisher = publisher
@@ -364,7 +380,7 @@ class Session:
         )
 
         if exported is not None and signals is not None:
-            if not self._initial_snapshot(exported, signals, publisher, snapshot_relations):
+            if not self._initial_snapshot(exported, signals, publisher, snapshot_relations, schema):
                 log.warning(
                     "stopped during the initial snapshot; the next start completes it "
                     "incrementally while streaming"
@@ -380,6 +396,8 @@ class Session:
             self._drain()
             self.stop.set()
             return False
+        # The reference for schema changes of tables no snapshot described (issue 24).
+        schema.baseline_missing(self._captured_tables(db), start)
         self._snapshots = IncrementalSnapshots(
             db=db,
             dsn=pg.dsn,
@@ -396,6 +414,7 @@ class Session:
             resume_initial=snap.mode != "never",
             on_job_done=self._snapshot_done,
             markers=self._markers,
+            schema=schema,
         )
         return True
 
@@ -405,6 +424,7 @@ class Session:
         signals: SignalTable,
         publisher: Publisher,
         relations: RelationCache,
+        schema: SchemaChanges,
     ) -> bool:
         """Publish every captured table from the exported snapshot; False if stopped."""
         assert self._db is not None and self._sink is not None and self._tracker is not None
@@ -432,6 +452,7 @@ class Session:
             stop=self.stop,
             beat=self.state.beat,
             on_table_done=table_done,
+            schema=schema,
         )
         if not snapshot.run():
             return False
@@ -467,12 +488,20 @@ class Session:
         snapshots = self._snapshots
         received = 0
         last_lsn = 0
+        replied = stream.psycopg_replied
         while not stop.is_set():
             batch = read_batch(_POLL_EVERY)
             received += feed_batch(batch, decode)
             drained = len(batch) < _POLL_EVERY
             if batch:
                 last_lsn = batch[-1].data_start
+                if last_lsn > self._received:
+                    self._received = last_lsn
+            # Keepalives move wal_end without data (pgoutput skipped the
+            # transaction, or it was in another database).
+            wal_end = stream.wal_end
+            if wal_end > self._received:
+                self._received = wal_end
             # Every _POLL_EVERY messages, and whenever the socket is drained.
             sink.poll(0)
             if tracker.failure is not None:
@@ -497,8 +526,10 @@ class Session:
                 self._sample_lag()
                 next_lag = now + lag_sample_s
             if drained and assembler.idle and tracker.pending_transactions == 0:
-                tracker.advance_idle(stream.wal_end)
-            self._status_if_due()
+                # Nothing in flight: what the walsender sent is all confirmed,
+                # so transactions that publish nothing never wait on Kafka.
+                tracker.advance_idle(wal_end)
+            self._status_if_due(force=replied(), caught_up=drained)
             self.state.beat()
             if drained:
                 if tracker.in_flight:
@@ -510,11 +541,19 @@ class Session:
                     if self._delivered_ms:
                         self._observe_latency()
                 else:
-                    stream.wait(self._idle_wait_s())
+                    stream.wait(_IDLE_WAIT_S)
 
     # -- confirmation ----------------------------------------------------------------
 
-    def _status_if_due(self, force: bool = False) -> None:
+    def _status_if_due(self, force: bool = False, caught_up: bool = False) -> None:
+        """Send a status update if one is due (see the module docstring).
+
+        ``caught_up``: the socket is drained, so new received WAL is reported
+        too (what ``remote_write`` waits for) while the server counts cdcd as
+        a synchronous standby (sampled every ``metrics.lag_sample_interval_s``);
+        otherwise only the confirmed position's moves and the interval send,
+        so asynchronous users pay for no extra updates.
+        """
         if self._delivered_ms:
             # Every wait that serves delivery reports comes here.
             self._observe_latency()
@@ -523,14 +562,21 @@ class Session:
             return
         now = time.monotonic()
         confirmed = tracker.confirmed
-        since = now - self._last_status
-        if not force and since < self.config.postgres.status_interval_s:
-            # Between intervals, report new progress promptly (at most 5/s):
-            # a crash then replays less, and slot lag stays low.
-            if confirmed == self._sent_confirmed or since < _PROGRESS_STATUS_MIN_S:
-                return
-        stream.send_status(confirmed)
+        received = self._received
+        if (
+            not force
+            and confirmed == self._sent_confirmed
+            and not (
+                caught_up
+                and received != self._sent_received
+                and self._sync_state in COUNTED_STATES
+            )
+            and now - self._last_status < self.config.postgres.status_interval_s
+        ):
+            return
+        stream.send_status(Lsn(max(received, confirmed)), confirmed)
         self._last_status = now
+        self._sent_received = received
         if confirmed != self._sent_confirmed:
             self._sent_confirmed = confirmed
             self.state.confirmed = confirmed
@@ -542,14 +588,6 @@ class Session:
             # (an idle slot is healthy): stuck confirmation keeps ageing.
             self._age_confirmed = confirmed
             self.metrics.mark_confirmed(int(confirmed))
-
-    def _idle_wait_s(self) -> float:
-        """How long to sleep when idle: until a held-back status update may go out."""
-        tracker = self._tracker
-        if tracker is None or tracker.confirmed == self._sent_confirmed:
-            return _IDLE_WAIT_S
-        due = self._last_status + _PROGRESS_STATUS_MIN_S - time.monotonic()
-        return min(_IDLE_WAIT_S, max(0.0, due))
 
     def _while_blocked(self) -> bool:
         """Called by the sink while the producer queue is full: keep the walsender happy."""
@@ -575,7 +613,10 @@ class Session:
             self._db.emit_heartbeat(HEARTBEAT_PREFIX, self._markers)
 
     def _sample_lag(self) -> None:
-        if self.metrics is None or self._db is None or self._tracker is None:
+        if self._db is None or self._tracker is None:
+            return
+        self._sample_sync_state()
+        if self.metrics is None:
             return
         current = self._db.current_wal_lsn()
         self.metrics.slot_lag.set(max(0, int(current) - int(self._tracker.confirmed)))
@@ -587,6 +628,23 @@ class Session:
                 health.wal_keep_size_bytes,
                 health.inactive_since.timestamp() if health.inactive_since else None,
             )
+
+    def _sample_sync_state(self) -> None:
+        """Whether the server counts cdcd as synchronous (``cdcd_synchronous_standby``,
+        the write-only status updates), and one log line whenever that changes."""
+        assert self._db is not None
+        state = walsender_sync_state(self._db, self.config.postgres.slot)
+        if self.metrics is not None:
+            self.metrics.synchronous_standby.set(1 if state in COUNTED_STATES else 0)
+        if state != self._sync_state:
+            if state in COUNTED_STATES or self._sync_state in COUNTED_STATES:
+                log.info(
+                    "PostgreSQL counts cdcd as %s standby (pg_stat_replication.sync_state %s)%s",
+                    "a synchronous" if state in COUNTED_STATES else "an asynchronous",
+                    state or "none: not streaming",
+                    ": commits wait for Kafka" if state in COUNTED_STATES else "",
+                )
+            self._sync_state = state
 
     def _drain(self) -> None:
         """On stop: wait for in-flight deliveries, then confirm what was delivered."""
@@ -612,6 +670,8 @@ class Session:
         self.state.ever_streamed |= streaming
         if self.metrics is not None:
             self.metrics.set_streaming(streaming)
+            if not streaming:
+                self.metrics.synchronous_standby.set(0)
         if self._on_streaming is not None:
             self._on_streaming(streaming)
 

@@ -15,7 +15,12 @@ Why the configuration is what it is:
   2 ms, 63k at 10 ms, 67k at 20 ms, no gain at 50 ms; the broker's CPU per
   message falls with the batch count). Latency does not pay for it: the
   session flushes whenever it has caught up with the walsender, and
-  ``flush()`` sends at once, ignoring ``linger.ms`` (librdkafka ≥ 1.8). lz4 compression is cheap on the CPU and halves the
+  ``flush()`` sends at once, ignoring ``linger.ms`` (librdkafka ≥ 1.8), and
+  serves the delivery report as soon as it arrives. That is what a
+  synchronous commit waits for when cdcd is a synchronous standby
+  (docs/synchronous.md): traced, cdcd's share from reading a transaction to
+  confirming it, Kafka's ``acks=all`` round trip included, is about 0.5 ms at
+  p50. lz4 compression is cheap on the CPU and halves the
   bytes of Avro rows with repeated text. These are defaults: a user property
   with the same name wins.
 - Memory is bounded by ``queue.buffering.max.messages`` and

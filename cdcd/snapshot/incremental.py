@@ -54,6 +54,14 @@ published again, which is at-least-once like the rest of the stream. A new
 session gets new chunk ids, so the replayed watermarks of an earlier run are
 recognised as stale and ignored.
 
+Schema changes (``cdcd.pipeline.schema_changes``, through ``SchemaBaselines``):
+a table's shape as planned -- the catalog read after the WAL position that
+stamps it -- becomes its recorded state once the table is read, unless the
+stream recorded a later one meanwhile; and :meth:`IncrementalSnapshots.tick`
+drives the periodic comparison of idle tables with the catalog, whose heals
+are jobs of this driver. A reader thread's failure of any type fails the
+job with the table named (``TableGoneError``), never the thread silently.
+
 Tables without a primary key or replica identity index have no key to
 de-duplicate by: they are read in one chunk, in memory, and rows changed
 while it is read may be published stale (until their next change). A warning
@@ -84,8 +92,9 @@ from cdcd.errors import CdcdError, DefiniteError, TransientError
 from cdcd.naming import WATERMARK_PREFIX, format_table, split_table
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.messages import LogicalMessage
+from cdcd.snapshot.daemons import DaemonRecord, other_daemons, register, slot_owner
 from cdcd.snapshot.progress import ProgressLog, TableProgress
-from cdcd.snapshot.publisher import SnapshotPublisher
+from cdcd.snapshot.publisher import SchemaBaselines, SnapshotPublisher
 from cdcd.snapshot.rows import (
     COLUMNS_SQL,
     Chunk,
@@ -102,6 +111,9 @@ from cdcd.snapshot.rows import (
 from cdcd.snapshot.store import (
     CANCELLED,
     DONE,
+    HEAL_ID_PREFIX,
+    PENDING,
+    RESYNC_JOB_PREFIX,
     RUNNING,
     TRUNCATE_FIRST,
     Job,
@@ -232,9 +244,10 @@ class StalePlan(TransientError):
     """The table's columns changed (ALTER TABLE) since its chunks were planned.
 
     Checked inside the chunk's read transaction, whose snapshot is taken
-    after the low watermark: a DDL committed before it is seen, and the
-    chunk is read again with the new columns, so no chunk row lacks a
-    column (or keeps an old name) that the stream already published.
+    after the low watermark and after the table's lock: a DDL committed
+    before it is seen, and the chunk is read again with the new columns, so
+    no chunk row lacks a column (or keeps an old name) that the stream
+    already published.
     """
 
 
@@ -282,6 +295,12 @@ class ChunkWorker:
                     request.error = _chunk_error(exc, request.plan.name)
                 except CdcdError as exc:
                     request.error = exc
+                except BaseException as exc:  # any failure fails the job, with the table named
+                    log.debug("snapshot read of %s failed", request.plan.name, exc_info=True)
+                    request.error = TableGoneError(
+                        f"snapshot read of {request.plan.name} failed: {type(exc).__name__}: {exc}",
+                        hint="this is a bug; report it with the log of a run with --debug",
+                    )
                 if request.error is not None:
                     request.ready.set()
         finally:
@@ -309,12 +328,22 @@ class ChunkWorker:
             function = "pg_current_snapshot" if conn.server_version >= 130000 else "txid_current_snapshot"
             cursor.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             try:
+                # The lock before the snapshot (LOCK takes none): a DDL that
+                # committed while the read waited for it is then in the
+                # snapshot. Locked after the snapshot, a table rewritten in
+                # between reads as empty (its rows carry the rewrite's xid).
+                cursor.execute(f"LOCK TABLE {request.plan.from_sql} IN ACCESS SHARE MODE")
+                cursor.execute("SELECT to_regclass(%s)::oid", (request.plan.from_sql,))
+                if int(cursor.fetchone()[0]) != request.plan.relation_id:
+                    raise TableGoneError(
+                        f"table {request.plan.name} was dropped and created again during its snapshot"
+                    )
                 cursor.execute(f"SELECT {function}()::text")
                 request.visibility = Visibility.parse(cursor.fetchone()[0])
-                request.chunk = read_chunk(cursor, request.plan, request.after, None, request.limit)
                 cursor.execute(COLUMNS_SQL, (request.plan.relation_id,))
                 if catalog_columns(cursor.fetchall()) != request.plan.catalog_columns:
                     raise StalePlan(f"the columns of {request.plan.name} changed during its snapshot")
+                request.chunk = read_chunk(cursor, request.plan, request.after, None, request.limit)
             finally:
                 if not conn.closed:
                     cursor.execute("ROLLBACK")
@@ -336,12 +365,61 @@ def _chunk_error(exc: psycopg2.Error, table: str) -> CdcdError:
     )
 
 
+class FailedJobs:
+    """Failed snapshot jobs: counted (``cdcd_snapshot_failures_total``); cdcd's own retried.
+
+    A job cdcd requested itself (a heal after a schema change, the snapshot of
+    ``cdcd resync``, the rest of an interrupted initial snapshot) leaves
+    consumers with old or missing rows until it succeeds, so it is never given
+    up on by itself: it stays ``running`` (so a restart retries it at once too)
+    and is tried again after 1, 2, 4 … up to :data:`RETRY_MAX_S` seconds. An
+    operator's request is marked failed (the operator asked, and reads why).
+    """
+
+    def __init__(self, metrics: Metrics | None) -> None:
+        self._metrics = metrics
+        self._attempts: dict[str, int] = {}
+        self._resume_at = 0.0
+
+    def count(self, tables: list[str]) -> None:
+        if self._metrics is not None:
+            for table in tables or ["-"]:
+                self._metrics.snapshot_failure(table)
+
+    def retry_in(self, job: Job) -> float:
+        attempts = self._attempts.get(job.id, 0) + 1
+        self._attempts[job.id] = attempts
+        delay = min(RETRY_INITIAL_S * 2.0 ** (attempts - 1), RETRY_MAX_S)
+        self._resume_at = time.monotonic() + delay
+        return delay
+
+    def attempts(self, job: Job) -> int:
+        return self._attempts.get(job.id, 0)
+
+    def may_resume(self) -> bool:
+        return time.monotonic() >= self._resume_at
+
+    def started(self, job: Job) -> None:
+        if job.id in self._attempts:
+            log.info("retrying snapshot job %s (attempt %d)", job.id, self._attempts[job.id] + 1)
+
+    def done(self, job: Job) -> None:
+        self._attempts.pop(job.id, None)
+
+
+#: Backoff of a failed heal's retries.
+RETRY_INITIAL_S = 1.0
+RETRY_MAX_S = 300.0
+
+
 @dataclass
 class _TableRun:
     plan: TablePlan
     encoder: TableEncoder
     progress: TableProgress
     after: Key | None
+    #: The shape this snapshot gives consumers, recorded when the table is read.
+    baseline: object = None
 
 
 class IncrementalSnapshots:
@@ -370,6 +448,7 @@ class IncrementalSnapshots:
         on_job_done: Callable[[Job], None],
         table_ready: bool = True,
         markers: MarkerTransactions | None = None,
+        schema: SchemaBaselines | None = None,
     ) -> None:
         self.db = db
         self.dsn = dsn
@@ -402,6 +481,13 @@ class IncrementalSnapshots:
         self._unsaved: deque[tuple[TxnTicket, dict[str, Any]]] = deque()
         self._worker: ChunkWorker | None = None
         self._markers = markers
+        self._schema = schema
+        # Many daemons, one signal table (cdcd.snapshot.daemons): this one's
+        # record, and the unaddressed requests left to the daemon capturing them.
+        self._registered = False
+        self._skip: set[str] = set()
+        # A failed heal is retried after a backoff (FailedJobs).
+        self._failures = FailedJobs(metrics)
         publisher.on_watermark(self.on_watermark)
 
     @property
@@ -429,12 +515,19 @@ class IncrementalSnapshots:
             self._table_gone(exc)
         if self._job_log is not None and self._tables:
             self._job_log.maybe(self._tables)
+        if self._schema is not None:
+            # Migrations of tables the stream shows nothing of (cdcd.pipeline.schema_changes).
+            self._schema.catalog_check(self.include)
 
     def _poll(self) -> None:
         if not self._table_ready and not self._find_table():
             return
+        if not self._registered:
+            self._register()
         if self._job is None:
-            job = self.signals.next_job(self.slot)
+            if not self._failures.may_resume():
+                return
+            job = self.signals.next_job(self.slot, self._skip)
             if job is not None:
                 self._start(job)
         else:
@@ -489,7 +582,46 @@ class IncrementalSnapshots:
 
     # -- jobs -------------------------------------------------------------------------
 
+    def _captured(self) -> list[str]:
+        """The tables this daemon captures (what its record says)."""
+        units = published_units(
+            self.db, self.publication, self.db.publication_tables(self.publication)
+        )
+        return [format_table(*unit) for unit in units if self.include(*unit)]
+
+    def _register(self) -> None:
+        """Write this daemon's record (cdcd.snapshot.daemons); once per session."""
+        self._registered = True
+        try:
+            register(self.signals, self.slot, self.publication, self._captured())
+        except SignalTableGone:
+            raise
+        except DefiniteError as exc:  # e.g. no INSERT privilege: jobs still work without it
+            log.warning("could not record this daemon in the signal table: %s", exc)
+
+    def _elsewhere(self, job: Job) -> DaemonRecord | None:
+        """The other daemon an unaddressed request belongs to: it captures all its tables, we don't."""
+        if job.address is not None or job.initial or not job.tables:
+            return None
+        mine = set(self._captured())
+        if all(name in mine for name in job.tables):
+            return None
+        return slot_owner(other_daemons(self.signals, self.slot), job.tables)
+
     def _start(self, job: Job) -> None:
+        owner = self._elsewhere(job)
+        if owner is not None:
+            # Not ours to run, nor to fail: back to pending for that daemon.
+            self.signals.save(Job(job.id, job.type, PENDING, job.tables, {}))
+            self._skip.add(job.id)
+            log.info(
+                "snapshot request %s of %s left to the daemon of slot %s, which captures it",
+                job.id,
+                ", ".join(job.tables),
+                owner.slot,
+                extra={"job": job.id},
+            )
+            return
         if job.initial and not self.resume_initial:
             reason = "snapshot.mode is never; the interrupted initial snapshot is not completed"
             log.warning(
@@ -503,9 +635,17 @@ class IncrementalSnapshots:
             return
         problem = self._validate(job)
         if problem is not None:
-            log.error("snapshot request %s rejected: %s", job.id, problem, extra={"job": job.id})
+            log.error(
+                "snapshot request %s of %s rejected: %s",
+                job.id,
+                ", ".join(job.tables) or "no table",
+                problem,
+                extra={"job": job.id},
+            )
+            self._failures.count(job.tables)
             self.signals.fail(job, problem)
             return
+        self._failures.started(job)
         # A partitioned table published per leaf is snapshotted leaf by leaf,
         # each into the leaf's topic, as the stream carries it.
         job.tables = [
@@ -590,11 +730,40 @@ class IncrementalSnapshots:
             self._replan(error)
             return
         if isinstance(error, TableGoneError) and self._job is not None:
-            log.error("snapshot job %s failed: %s", self._job.id, error, extra={"job": self._job.id})
-            self.signals.fail(self._job, str(error))
-            self._abandon()
+            table = self._table.plan.name if self._table is not None else None
+            self._job_failed(self._job, table, str(error))
             return
         raise error
+
+    def _job_failed(self, job: Job, table: str | None, reason: str) -> None:
+        """One loud ERROR line and a count; a heal of a table that still exists is retried."""
+        tables = [table] if table is not None else job.remaining
+        exists = table is None or self.db.table_exists(*split_table(table))
+        # Jobs cdcd requested to make consumers exact (a heal, a resync's snapshot, the
+        # initial snapshot) are retried: until they succeed, consumers hold wrong data.
+        ours = job.initial or job.id.startswith((HEAL_ID_PREFIX, RESYNC_JOB_PREFIX))
+        retry = self._failures.retry_in(job) if exists and ours else None
+        self._failures.count(tables)
+        if retry is None:
+            log.error(
+                "snapshot job %s of %s failed: %s", job.id, ", ".join(tables), reason,
+                extra={"job": job.id, "table": ", ".join(tables)},
+            )
+            self.signals.fail(job, reason)
+        else:
+            log.error(
+                "snapshot job %s of %s failed: %s; its consumers hold old or missing rows until "
+                "it succeeds: retrying in %g s (attempt %d; fix the cause, or set the job's "
+                "status to 'cancelled' in %s to give up)",
+                job.id, ", ".join(tables), reason, retry, self._failures.attempts(job),
+                self.signals.name,
+                extra={"job": job.id, "table": ", ".join(tables)},
+            )
+            # What was saved (delivered chunks only), plus the reason: the retry resumes there.
+            stored = self.signals.get(job.id) or job
+            stored.progress["error"] = reason
+            self.signals.save(Job(job.id, job.type, RUNNING, stored.tables, stored.progress))
+        self._abandon()
 
     def _next_table(self) -> None:
         job = self._job
@@ -613,9 +782,7 @@ class IncrementalSnapshots:
         try:
             plan = plan_table(self.db, self.relations, schema, table, self.publication)
         except DefiniteError as exc:  # dropped or emptied since the request was accepted
-            log.error("snapshot job %s failed: %s", job.id, exc, extra={"job": job.id})
-            self.signals.fail(job, str(exc))
-            self._abandon()
+            self._job_failed(job, name, str(exc))
             return
         encoder = self.publisher.snapshot_encoder(plan.version)
         if encoder is None:
@@ -645,7 +812,12 @@ class IncrementalSnapshots:
                 name,
                 extra={"table": name},
             )
-        self._table = _TableRun(plan, encoder, progress, after)
+        baseline = None
+        if self._schema is not None:
+            # The WAL position first: a DDL before it is in what is read next.
+            position = self.db.current_wal_lsn()
+            baseline = self._schema.read_baseline(self.db, plan.version, position)
+        self._table = _TableRun(plan, encoder, progress, after, baseline)
         function = "pg_current_snapshot" if self.db.server_version >= 130000 else "txid_current_snapshot"
         now = Visibility.parse(str(self.db.scalar(f"SELECT {function}()::text")))
         self._window = ChunkWindow(horizon=now.xmin)
@@ -669,7 +841,7 @@ class IncrementalSnapshots:
         if encoder is None:
             raise DefiniteError(f"table {run.plan.name} is not captured", hint="this is a bug; report it")
         log.info("%s; reading the chunk again with the new columns", reason, extra={"job": job.id})
-        self._table = _TableRun(plan, encoder, run.progress, run.after)
+        self._table = _TableRun(plan, encoder, run.progress, run.after, run.baseline)
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -790,6 +962,9 @@ class IncrementalSnapshots:
                 run.progress.chunks - run.progress.resumed_chunks,
                 extra={"job": job.id, "table": run.plan.name, "snapshot_chunks": run.progress.chunks},
             )
+            if self._schema is not None and run.baseline is not None:
+                # Every row now has the shape planned: the reference for later migrations.
+                self._schema.record_baseline(run.plan.name, run.baseline)
             self._next_table()
         else:
             self._dispatch()
@@ -823,5 +998,6 @@ class IncrementalSnapshots:
             f"{rate:,.0f}",
             extra={"job": job.id, "snapshot_rows": rows},
         )
+        self._failures.done(job)
         self._abandon()
         self.on_job_done(job)

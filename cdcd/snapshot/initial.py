@@ -38,6 +38,43 @@ as an incremental snapshot while streaming from the consistent point —
 dropping and recreating the slot instead would leave rows in Kafka that a
 later snapshot no longer holds (deleted meanwhile) with no delete to remove
 them.
+
+Schema changes: planning reads each table's columns, files and fast
+defaults *inside* the exported snapshot (plain SQL on the catalog sees it as
+of the snapshot), and records them as the table's state
+(``cdcd.pipeline.schema_changes``): the shape consumers are given, stamped
+at the consistent point, so a migration at any moment after it is found at
+the table's next ``Relation`` (or by the catalog check), never absorbed.
+
+DDL during the snapshot never stops the daemon. PostgreSQL reads a table
+through its *current* definition and files even under an old snapshot, so a
+DDL committed after the consistent point but before a table is read can
+make the read wrong: a rewrite (``ALTER COLUMN … TYPE``, a volatile
+default, ``TRUNCATE``) leaves files whose rows the snapshot cannot see (the
+table reads empty), a rename or drop makes the planned ``SELECT`` fail, and
+two renamed columns could swap values. So a reader locks the table
+(``ACCESS SHARE``, what the read takes anyway) before its first range and
+compares the table then -- OID (``to_regclass``), files
+(``pg_relation_filenode``) and column names (a ``SELECT * … LIMIT 0``), all of
+which see the catalog as it is now -- with what the plan read inside the
+snapshot. Once locked, no DDL can commit until the snapshot ends. If they
+differ, or the read fails on a missing column, the table is handed to an
+incremental snapshot (a job in the signal table, run once streaming starts):
+rows already published are as of the consistent point, so the stream and
+that snapshot bring them up to date. A table dropped since is skipped (the
+stream publishes nothing more of it). Every read runs under a savepoint, so
+one table's failure leaves the connection's snapshot usable for the others.
+
+A migration that starts while a table is being read waits for the snapshot
+to end (the read's lock); a reader that would then queue behind it (another
+range of the table) waits at most :data:`LOCK_TIMEOUT_S` and hands the table
+over instead. Without that the snapshot, the migration and the reader would
+wait for each other forever: PostgreSQL sees no deadlock, because the
+snapshot's transactions end only when cdcd has read everything.
+
+Any exception in a reader thread, of any type, fails the snapshot with the
+table named: the main thread raises it; nothing is reported as read that was
+not.
 """
 
 from __future__ import annotations
@@ -60,7 +97,7 @@ from cdcd.errors import CdcdError, DefiniteError, TransientError
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import TupleData
 from cdcd.snapshot.progress import ProgressLog, TableProgress
-from cdcd.snapshot.publisher import SnapshotPublisher
+from cdcd.snapshot.publisher import SchemaBaselines, SnapshotPublisher
 from cdcd.snapshot.rows import (
     CopyRowStream,
     Key,
@@ -78,6 +115,26 @@ __all__ = ["ExportedSnapshot", "InitialSnapshot", "create_slot_with_snapshot"]
 log = logging.getLogger("cdcd.snapshot")
 
 _QUEUE_WAIT_S = 0.2
+
+#: How long a reader waits for a table's lock before handing the table over
+#: to an incremental snapshot (module docstring).
+LOCK_TIMEOUT_S = 2.0
+
+#: The table's files as the snapshot saw them (pg_class is read through the
+#: snapshot) and as they are now (pg_relation_filenode reads the current
+#: catalog), over the partition tree as the snapshot had it.
+_TREE = (
+    "WITH RECURSIVE tree(oid) AS (SELECT %s::oid UNION ALL "
+    "SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid) "
+)
+_STORAGE_THEN_SQL = (
+    _TREE + "SELECT array_agg(c.relfilenode::bigint ORDER BY c.oid) FROM tree "
+    "JOIN pg_class c ON c.oid = tree.oid"
+)
+_STORAGE_NOW_SQL = (
+    _TREE + "SELECT array_agg(coalesce(pg_relation_filenode(tree.oid), 0)::bigint "
+    "ORDER BY tree.oid) FROM tree"
+)
 
 
 @dataclass
@@ -160,7 +217,7 @@ def create_slot_with_snapshot(
         pool: list[SourceDatabase] = []
         try:
             for _ in range(max(1, connections)):
-                db = SourceDatabase(dsn, timeout_s=timeout_s)
+                db = SourceDatabase(dsn, timeout_s=timeout_s, bounded=False)  # reads whole tables
                 pool.append(db)
                 db.query("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 db.query("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
@@ -181,10 +238,15 @@ class _Table:
     plan: TablePlan
     encoder: TableEncoder
     progress: TableProgress
+    storage: tuple[int, ...] = ()  # the files as of the snapshot
     ranges_left: int = 0
     tickets: list[TxnTicket] = field(default_factory=list)
     all_read: bool = False
     reported: bool = False
+    #: Why the table goes to an incremental snapshot instead (set on the main
+    #: thread; readers only skip its ranges then).
+    handed: str | None = None
+    dropped: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,8 +268,24 @@ class _RangeDone:
 
 
 @dataclass(frozen=True)
+class _HandOver:
+    table: _Table
+    reason: str
+    dropped: bool = False  # gone since the snapshot: nothing to hand over
+
+
+@dataclass(frozen=True)
 class _WorkerDone:
     error: BaseException | None
+
+
+class _Changed(Exception):
+    """The table read now is not the one planned inside the snapshot (a DDL since)."""
+
+    def __init__(self, reason: str, dropped: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.dropped = dropped
 
 
 class InitialSnapshot:
@@ -228,6 +306,7 @@ class InitialSnapshot:
         stop: threading.Event,
         beat: Callable[[], None],
         on_table_done: Callable[[str], None],
+        schema: SchemaBaselines | None = None,
     ) -> None:
         self.exported = exported
         self.tables = tables
@@ -241,8 +320,9 @@ class InitialSnapshot:
         self.stop = stop
         self.beat = beat
         self.on_table_done = on_table_done
+        self.schema = schema
         self._abort = threading.Event()
-        self._results: queue.Queue[_Rows | _RangeDone | _WorkerDone] = queue.Queue(
+        self._results: queue.Queue[_Rows | _RangeDone | _HandOver | _WorkerDone] = queue.Queue(
             maxsize=2 * max(1, len(exported.pool))
         )
         self._ranges: queue.Queue[_Range] = queue.Queue()
@@ -259,7 +339,14 @@ class InitialSnapshot:
             if encoder is None:
                 continue
             estimated = estimate_rows(db, plan.relation_id)
-            planned.append(_Table(plan, encoder, TableProgress(plan.name, estimated, self.metrics)))
+            storage = tuple(int(x) for x in db.scalar(_STORAGE_THEN_SQL, (plan.relation_id,)) or ())
+            if self.schema is not None:
+                # The shape consumers get: the reference for later migrations.
+                baseline = self.schema.read_baseline(db, plan.version, self.exported.consistent_point)
+                self.schema.record_baseline(plan.name, baseline)
+            planned.append(
+                _Table(plan, encoder, TableProgress(plan.name, estimated, self.metrics), storage)
+            )
             points: list[Key] = []
             if plan.keyed:
                 if estimated > 4 * self.chunk_rows:
@@ -279,7 +366,7 @@ class InitialSnapshot:
 
     # -- reading (worker threads) ---------------------------------------------------
 
-    def _put(self, item: _Rows | _RangeDone | _WorkerDone) -> None:
+    def _put(self, item: _Rows | _RangeDone | _HandOver | _WorkerDone) -> None:
         while not self._abort.is_set():
             try:
                 self._results.put(item, timeout=_QUEUE_WAIT_S)
@@ -292,19 +379,68 @@ class InitialSnapshot:
         name = "a table"
         try:
             cursor = db.conn.cursor()
+            cursor.execute("SET LOCAL lock_timeout = %s", (f"{int(LOCK_TIMEOUT_S * 1000)}ms",))
             while not self._abort.is_set():
                 try:
                     work = self._ranges.get_nowait()
                 except queue.Empty:
                     break
                 name = work.table.plan.name
-                self._read_range(cursor, work)
+                if work.table.handed is None and not work.table.dropped:
+                    self._guarded(cursor, work)
+                self._put(_RangeDone(work.table))
         except psycopg2.Error as exc:
             error = _read_error(exc, name)
         except CdcdError as exc:
             error = exc
+        except BaseException as exc:  # any failure fails the snapshot, with the table named
+            log.debug("snapshot reader failed on %s", name, exc_info=True)
+            error = DefiniteError(
+                f"reading {name} for the snapshot failed: {type(exc).__name__}: {exc}",
+                hint="this is a bug; report it with the log of a run with --debug",
+            )
         finally:
             self._put(_WorkerDone(error))
+
+    def _guarded(self, cursor: Any, work: _Range) -> None:
+        """Lock, check and read one range under a savepoint (module docstring)."""
+        cursor.execute("SAVEPOINT cdcd_range")
+        try:
+            self._check(cursor, work.table)
+            self._read_range(cursor, work)
+        except _Changed as changed:
+            cursor.execute("ROLLBACK TO SAVEPOINT cdcd_range")
+            self._put(_HandOver(work.table, changed.reason, changed.dropped))
+            return
+        except psycopg2.Error as exc:
+            cursor.execute("ROLLBACK TO SAVEPOINT cdcd_range")
+            reason = _ddl_since(exc)
+            if reason is None:
+                raise
+            self._put(_HandOver(work.table, f"{reason}: {query_error(exc)}"))
+            return
+        cursor.execute("RELEASE SAVEPOINT cdcd_range")
+
+    def _check(self, cursor: Any, table: _Table) -> None:
+        """Raise _Changed unless the table is still the one the snapshot planned."""
+        plan = table.plan
+        try:
+            cursor.execute(f"LOCK TABLE {plan.from_sql} IN ACCESS SHARE MODE")
+        except psycopg2.errors.UndefinedTable as exc:
+            raise _Changed(f"dropped since the snapshot ({query_error(exc)})", dropped=True) from exc
+        cursor.execute("SELECT to_regclass(%s)::oid", (plan.from_sql,))
+        if int(cursor.fetchone()[0]) != plan.relation_id:
+            raise _Changed("dropped and created again since the slot's consistent point")
+        cursor.execute(_STORAGE_NOW_SQL, (plan.relation_id,))
+        if tuple(int(x) for x in cursor.fetchone()[0] or ()) != table.storage:
+            raise _Changed(
+                "rewritten since the slot's consistent point (ALTER TABLE, TRUNCATE, VACUUM FULL…): "
+                "its rows cannot be read as of the snapshot"
+            )
+        # Names only: a type change that keeps the files keeps every value.
+        cursor.execute(f"SELECT * FROM {plan.from_sql} LIMIT 0")
+        if [str(d[0]) for d in cursor.description] != [c[0] for c in plan.catalog_columns]:
+            raise _Changed("its columns changed since the slot's consistent point")
 
     def _read_range(self, cursor: Any, work: _Range) -> None:
         plan = work.table.plan
@@ -323,7 +459,6 @@ class InitialSnapshot:
                 if len(chunk.rows) < self.chunk_rows:
                     break
                 after = chunk.last_key
-        self._put(_RangeDone(work.table))
 
     # -- publishing (main thread) ---------------------------------------------------
 
@@ -334,7 +469,7 @@ class InitialSnapshot:
         tables = self._plan()
         total_estimate = sum(t.progress.estimated for t in tables)
         log.info(
-            "initial snapshot of %d tables (about %s rows) at %s with %d connections",
+            "initial snapshot of %d tables (%s rows estimated) at %s with %d connections",
             len(tables),
             f"{total_estimate:,}",
             point,
@@ -367,6 +502,8 @@ class InitialSnapshot:
                 elif isinstance(item, _RangeDone):
                     item.table.ranges_left -= 1
                     item.table.all_read = item.table.ranges_left == 0
+                elif isinstance(item, _HandOver):
+                    self._hand_over(item)
                 elif isinstance(item, _WorkerDone):
                     live -= 1
                     if item.error is not None:
@@ -404,6 +541,8 @@ class InitialSnapshot:
                 if not table.tickets:
                     table.reported = True
                     table.progress.finish()
+                    if table.handed is not None:
+                        continue  # not done: a restart before the job exists reads it again
                     self.on_table_done(table.plan.name)
                     log.info(
                         "initial snapshot of %s delivered: %s rows, %d chunks",
@@ -414,6 +553,40 @@ class InitialSnapshot:
                     )
         progress.maybe(t.progress for t in tables)
         return not self.stop.is_set()
+
+
+    def _hand_over(self, item: _HandOver) -> None:
+        table = item.table
+        if table.handed is not None or table.dropped:
+            return
+        if item.dropped:
+            table.dropped = True
+            log.warning(
+                "initial snapshot of %s: %s; skipped (the stream carries nothing more of it)",
+                table.plan.name,
+                item.reason,
+                extra={"table": table.plan.name},
+            )
+            return
+        if self.schema is None:
+            raise DefiniteError(
+                f"the initial snapshot cannot read {table.plan.name}: {item.reason}",
+                hint=f"run 'cdcd snapshot --table {table.plan.name}' once the daemon streams",
+            )
+        self.schema.hand_over(table.plan.name, item.reason)
+        table.handed = item.reason
+
+
+def _ddl_since(exc: psycopg2.Error) -> str | None:
+    """Why a failed read means the table changed since the snapshot; None: a real failure."""
+    if isinstance(exc, psycopg2.errors.UndefinedColumn):
+        return "its columns changed since the slot's consistent point"
+    if isinstance(exc, psycopg2.errors.LockNotAvailable):
+        return (
+            f"a migration holds or waits for its lock (more than {LOCK_TIMEOUT_S:g} s), "
+            "which would wait for this snapshot to end"
+        )
+    return None
 
 
 def _read_error(exc: psycopg2.Error, table: str) -> CdcdError:

@@ -17,8 +17,9 @@ from cdcd.decode.relations import TableVersion
 from cdcd.envelope.encoder import TableEncoder
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import LogicalMessage, TupleData
+from cdcd.source.database import SourceDatabase
 
-__all__ = ["KeyRecorder", "SnapshotPublisher"]
+__all__ = ["KeyRecorder", "SchemaBaselines", "SnapshotPublisher"]
 
 #: Told ``(xid, key)`` for each change of a watched table; key None: a truncate.
 KeyRecorder = Callable[[int, bytes | None], None]
@@ -62,4 +63,29 @@ class SnapshotPublisher(Protocol):
 
     def unwatch(self) -> None:
         """Stop reporting changes of the watched table."""
+        ...
+
+
+class SchemaBaselines(Protocol):
+    """What snapshots tell schema-change tracking (``cdcd.pipeline.schema_changes.SchemaChanges``).
+
+    A snapshot gives consumers a table's shape: that shape, not the catalog
+    when the stream first meets the table, is the reference a later
+    migration is compared with.
+    """
+
+    def read_baseline(self, db: SourceDatabase, version: TableVersion, lsn: Lsn) -> object:
+        """The state of ``version`` as ``db`` sees the catalog, placed at ``lsn``."""
+        ...
+
+    def record_baseline(self, table: str, baseline: object) -> None:
+        """Record what :meth:`read_baseline` returned (unless the stream recorded a later state)."""
+        ...
+
+    def hand_over(self, table: str, reason: str) -> None:
+        """Request an incremental snapshot of a table the initial snapshot could not read."""
+        ...
+
+    def catalog_check(self, include: Callable[[str, str], bool]) -> None:
+        """Called from the main loop: compare idle tables with the catalog when due."""
         ...

@@ -57,4 +57,5 @@ def request_snapshot(config: CdcdConfig, tables: list[str]) -> tuple[str, Signal
                     "after adding it to postgres.tables)",
                 )
         signals.ensure()
-        return signals.request(names), signals
+        # Addressed to this configuration's slot: another daemon sharing the table leaves it alone.
+        return signals.request(names, slot=pg.slot), signals

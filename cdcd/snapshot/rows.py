@@ -33,9 +33,12 @@ from __future__ import annotations
 import codecs
 import io
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import psycopg2.extensions
 
 from cdcd.decode.relations import RelationCache, TableVersion
 from cdcd.errors import DefiniteError
@@ -55,6 +58,8 @@ __all__ = [
     "read_chunk",
     "split_points",
 ]
+
+log = logging.getLogger("cdcd.snapshot")
 
 #: A key as PostgreSQL text, one string per key column.
 Key = tuple[str, ...]
@@ -290,6 +295,10 @@ def plan_table(
     )
 
 
+#: A never-analysed table up to this size is counted instead of estimated.
+COUNT_BELOW_BYTES = 8 * 1024 * 1024
+
+
 def estimate_rows(db: SourceDatabase, relation_id: int) -> int:
     """The planner's row estimate: ``pg_class.reltuples``, or EXPLAIN's when never analyzed.
 
@@ -300,8 +309,26 @@ def estimate_rows(db: SourceDatabase, relation_id: int) -> int:
     reltuples = db.scalar("SELECT reltuples FROM pg_class WHERE oid = %s", (relation_id,))
     if reltuples is not None and float(reltuples) > 0:
         return int(float(reltuples))
-    name = db.scalar("SELECT %s::regclass::text", (relation_id,))
-    plan = db.scalar(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {name}")
+    # The name as the caller's snapshot has it (regclass output reads the
+    # current catalog, where a table dropped since has only a number).
+    name = db.scalar(
+        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+        (relation_id,),
+    )
+    if not name:
+        return 0
+    small = db.scalar(
+        "SELECT relkind = 'r' AND pg_relation_size(oid) <= %s FROM pg_class WHERE oid = %s",
+        (COUNT_BELOW_BYTES, relation_id),
+    )
+    if small:
+        # The file-size guess of a small never-analysed table is far off (thousands
+        # of rows for six); counting it is exact and costs a few pages.
+        counted = _probe(db, f"SELECT count(*) FROM {name}")
+        return int(counted[0][0] or 0) if counted else 0
+    found = _probe(db, f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {name}")
+    plan: Any = found[0][0] if found else None
     if isinstance(plan, str):
         plan = json.loads(plan)
     try:
@@ -322,12 +349,13 @@ def split_points(db: SourceDatabase, plan: TablePlan, parts: int, estimated: int
     wanted = 200 * parts
     percent = min(100.0, 100.0 * wanted / estimated)
     aliases = ", ".join(f"{k}::text AS _k{i}" for i, k in enumerate(plan.key_columns))
-    rows = db.query(
+    rows = _probe(
+        db,
         f"SELECT {aliases} FROM {plan.from_sql} TABLESAMPLE SYSTEM (%s) "
         f"ORDER BY {', '.join(plan.key_columns)}",
         (percent,),
     )
-    if len(rows) < parts * 4:
+    if rows is None or len(rows) < parts * 4:
         return []
     points: list[Key] = []
     for i in range(1, parts):
@@ -335,6 +363,27 @@ def split_points(db: SourceDatabase, plan: TablePlan, parts: int, estimated: int
         if not points or key != points[-1]:
             points.append(key)
     return points
+
+
+def _probe(db: SourceDatabase, sql: str, params: Any = None) -> list[tuple[Any, ...]] | None:
+    """A planning statement's rows; None if it failed (the table changed since the snapshot).
+
+    Inside a transaction (the initial snapshot's) it runs under a savepoint
+    that is rolled back after it either way: a failure leaves the snapshot
+    usable, and the table lock it took is released (the readers lock the
+    table themselves, and check it then: ``cdcd.snapshot.initial``).
+    """
+    in_transaction = db.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    if in_transaction:
+        db.query("SAVEPOINT cdcd_plan")
+    try:
+        return db.query(sql, params)
+    except DefiniteError as exc:
+        log.info("planning a snapshot read went without an estimate: %s", exc)
+        return None
+    finally:
+        if in_transaction:
+            db.query("ROLLBACK TO SAVEPOINT cdcd_plan")
 
 
 def parse_copy(data: bytes, columns: int, table: str) -> list[TupleData]:

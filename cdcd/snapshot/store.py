@@ -44,14 +44,19 @@ every poll (a catalog lookup, no DDL), so a table created later by ``cdcd
 snapshot`` serves requests without a restart. When it can be neither created
 nor used (:class:`SignalTableUnavailable`), the session streams without
 incremental snapshots, and refuses only to create a slot with an initial
-snapshot. Daemons that share a database need distinct signal tables: a
-pending request is claimed by whichever daemon sees it first.
+snapshot. Daemons that share a database may share the table: a job is
+addressed to one slot (``data.slot``; a heal's id ``schema-change:<slot>:…``
+names it too) and only that slot's daemon claims it; a request addressed to
+none (an operator's ``INSERT``) goes to a daemon that captures its tables.
+Each daemon keeps a record ``daemon:<slot>`` (what it captures) here, which
+``cdcd check`` reports.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +95,21 @@ _COLUMNS = ("id", "type", "data", "status", "progress", "created_at", "updated_a
 
 INITIAL = "initial"
 EXECUTE = "execute-snapshot"
+DAEMON = "daemon"  # the type of the rows ``daemon:<slot>`` (never a job)
+
+#: Request data key: the slot whose daemon is to run the job.
+SLOT_KEY = "slot"
+#: A heal's id names its slot: ``schema-change:<slot>:<table>:<lsn>`` (slot
+#: names have no colon), so heals requested before jobs carried ``data.slot``
+#: stay addressed after an upgrade.
+HEAL_ID_PREFIX = "schema-change:"
+#: The snapshot of every table that ``cdcd resync`` requests: ``resync:<slot>:<id>``.
+RESYNC_JOB_PREFIX = "resync:"
+#: The slot a row is addressed to, or NULL (any daemon that captures its tables).
+_ADDRESS_SQL = (
+    "coalesce(CASE WHEN jsonb_typeof(data) = 'object' THEN data->>'slot' END, "
+    f"CASE WHEN starts_with(id, '{HEAL_ID_PREFIX}') THEN split_part(id, ':', 2) END)"
+)
 
 PENDING = "pending"
 RUNNING = "running"
@@ -115,6 +135,8 @@ class Job:
     status: str
     tables: list[str]
     progress: dict[str, Any] = field(default_factory=dict)
+    #: The slot whose daemon is to run it; None: any daemon that captures its tables.
+    address: str | None = None
 
     @property
     def initial(self) -> bool:
@@ -251,9 +273,11 @@ class SignalTable:
 
     # -- requests -------------------------------------------------------------------
 
-    def request(self, tables: list[str]) -> str:
-        """Insert an incremental snapshot request; returns its id."""
-        data = {"data-collections": tables, "type": "incremental"}
+    def request(self, tables: list[str], slot: str | None = None) -> str:
+        """Insert an incremental snapshot request (for ``slot``'s daemon if given); returns its id."""
+        data: dict[str, Any] = {"data-collections": tables, "type": "incremental"}
+        if slot is not None:
+            data[SLOT_KEY] = slot
         rows = self._query(
             f"INSERT INTO {self.sql} (type, data) VALUES (%s, %s::jsonb) RETURNING id",
             (EXECUTE, json.dumps(data)),
@@ -268,7 +292,10 @@ class SignalTable:
         tables = progress.get("tables")
         if not isinstance(tables, list):
             tables = _tables_of(data)
-        return Job(str(job_id), str(kind), str(status), [str(t) for t in tables], progress)
+        return Job(
+            str(job_id), str(kind), str(status), [str(t) for t in tables], progress,
+            addressed_to(str(job_id), data),
+        )
 
     def get(self, job_id: str) -> Job | None:
         rows = self._query(
@@ -276,8 +303,9 @@ class SignalTable:
         )
         return self._job(rows[0]) if rows else None
 
-    def next_job(self, slot: str) -> Job | None:
-        """The job to work on: one this slot left running (resume), else the oldest pending one.
+    def next_job(self, slot: str, skip: Collection[str] = ()) -> Job | None:
+        """The job to work on: one this slot left running (resume), else the oldest pending one
+        addressed to this slot or to none (:func:`addressed_to`), except the ids in ``skip``.
 
         A pending job is claimed atomically (``FOR UPDATE SKIP LOCKED``), so
         two daemons never take the same request.
@@ -293,9 +321,10 @@ class SignalTable:
             f"UPDATE {self.sql} SET status = %s, updated_at = now(), "
             "progress = jsonb_build_object('slot', %s::text) "
             f"WHERE id = (SELECT id FROM {self.sql} WHERE status = %s AND type <> %s "
+            f"AND coalesce({_ADDRESS_SQL}, %s) = %s AND NOT (id = ANY(%s)) "
             "ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) "
             "RETURNING id, type, data, status, progress",
-            (RUNNING, slot, PENDING, INITIAL),
+            (RUNNING, slot, PENDING, INITIAL, slot, slot, list(skip)),
         )
         if not rows:
             return None
@@ -411,6 +440,16 @@ class SignalTable:
             job.status = CANCELLED
             job.progress["error"] = reason
             self.save(job)
+
+
+def addressed_to(job_id: str, data: Any) -> str | None:
+    """The slot a job row is addressed to (as ``_ADDRESS_SQL`` reads it), or None."""
+    data = _json(data)
+    if isinstance(data, dict) and data.get(SLOT_KEY) is not None:
+        return str(data[SLOT_KEY])
+    if job_id.startswith(HEAL_ID_PREFIX):
+        return job_id.split(":")[1]
+    return None
 
 
 def query_error(exc: psycopg2.Error) -> str:

@@ -13,7 +13,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -49,6 +50,7 @@ from cdcd.source.publication import (
     table_columns,
     target_sql,
 )
+from cdcd.source.sqlstate import connect_sqlstates, error_code, is_refused_at_connect
 from cdcd.source.versions import (
     CONFLICTING_SINCE,
     GENERATED_COLUMNS_SINCE,
@@ -68,6 +70,9 @@ SESSION_OPTIONS = (
     "-c extra_float_digits=3 -c bytea_output=hex -c client_encoding=UTF8"
 )
 
+# What libpq itself reports when it gives up without the server's answer
+# (no SQLSTATE): its own English text, see cdcd.source.sqlstate. Also the last
+# resort where libpq's error verbosity cannot be set (English servers only).
 _DEFINITE_CONNECT = re.compile(
     r"password authentication failed|no pg_hba\.conf entry|role \S+ does not exist|"
     r"database \S+ does not exist|authentication failed|no password supplied|"
@@ -76,10 +81,49 @@ _DEFINITE_CONNECT = re.compile(
     re.IGNORECASE,
 )
 
+#: The operator's way out of a refused connection, by SQLSTATE (class 28 by default).
+_REFUSED_HINTS = {
+    "3D000": "create the database or fix dbname in postgres.dsn",
+    "42501": "the user needs the REPLICATION attribute (ALTER ROLE ... REPLICATION) and "
+    "CONNECT on the database",
+    "55000": "the database does not allow connections (ALTER DATABASE ... ALLOW_CONNECTIONS true)",
+}
+_REFUSED_HINT = (
+    "check the user, password and database in postgres.dsn and pg_hba.conf "
+    "(the user needs the REPLICATION attribute)"
+)
 
-def connect(dsn: str, replication: bool = False, timeout_s: float = 10.0) -> Any:
-    """Open a connection; raises TransientError or DefiniteError with the server named."""
-    kwargs: dict[str, Any] = {"options": SESSION_OPTIONS, "connect_timeout": max(1, int(timeout_s))}
+
+#: cdcd's own SQL sessions (heartbeats, bookkeeping) never wait for synchronous
+#: standbys: cdcd may be one (docs/synchronous.md) and would wait for itself.
+#: Not on replication connections: a walsender sends the keepalives that let a
+#: synchronous standby confirm skipped transactions only when its own session
+#: asks for synchronous commit.
+LOCAL_COMMIT_OPTION = "-c synchronous_commit=local"
+
+
+def connect(
+    dsn: str,
+    replication: bool = False,
+    timeout_s: float = 10.0,
+    application_name: str | None = None,
+    *,
+    session_options: str = "",
+) -> Any:
+    """Open a connection; raises TransientError or DefiniteError with the server named.
+
+    Sorted by the SQLSTATE the server answered with, whatever its language
+    (:func:`cdcd.source.sqlstate.connect_sqlstates`): refused credentials,
+    role, database or ``pg_hba.conf`` entry are definite; starting up,
+    shutting down, too many connections and no answer are transient.
+    ``session_options``: more ``-c name=value`` settings for this session only.
+    """
+    options = SESSION_OPTIONS if replication else f"{SESSION_OPTIONS} {LOCAL_COMMIT_OPTION}"
+    if session_options:
+        options = f"{options} {session_options}"
+    kwargs: dict[str, Any] = {"options": options, "connect_timeout": max(1, int(timeout_s))}
+    if application_name is not None:  # overrides the DSN's: synchronous_standby_names matches it
+        kwargs["application_name"] = application_name
     if replication:
         kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
     try:
@@ -91,19 +135,37 @@ def connect(dsn: str, replication: bool = False, timeout_s: float = 10.0) -> Any
             hint="fix postgres.dsn",
         ) from exc
     except psycopg2.OperationalError as exc:
-        # libpq quotes DSN pieces it cannot use, which may be part of a password.
-        message = redact_dsn_message(_first_line(exc), dsn)
-        where = redact_dsn(dsn)
-        if _DEFINITE_CONNECT.search(message):
-            raise DefiniteError(
-                f"PostgreSQL refused the connection ({where}): {message}",
-                hint="check the user, password and database in postgres.dsn and pg_hba.conf "
-                "(the user needs the REPLICATION attribute)",
-            ) from exc
-        raise TransientError(f"PostgreSQL unreachable ({where}): {message}") from exc
+        raise connect_failure(exc, dsn, kwargs, timeout_s) from exc
     if not replication:
         conn.autocommit = True
     return conn
+
+
+def connect_failure(
+    exc: psycopg2.OperationalError, dsn: str, attempt: dict[str, Any], timeout_s: float
+) -> CdcdError:
+    """cdcd's error for a failed connection attempt (see :func:`connect`).
+
+    ``attempt``: the keyword arguments of the failed ``psycopg2.connect``,
+    repeated once to learn the server's SQLSTATE.
+    """
+    # libpq quotes DSN pieces it cannot use, which may be part of a password.
+    message = redact_dsn_message(_first_line(exc), dsn)
+    where = redact_dsn(dsn)
+    probe = {k: v for k, v in attempt.items() if k != "connection_factory"}
+    if "connection_factory" in attempt:  # LogicalReplicationConnection adds this to the DSN
+        probe["replication"] = "database"
+    codes = connect_sqlstates(dsn, probe, timeout_s)
+    refused = [code for code in codes or () if is_refused_at_connect(code)]
+    if refused or (not codes and _DEFINITE_CONNECT.search(message)):
+        code = refused[0] if refused else ""
+        return DefiniteError(
+            f"PostgreSQL refused the connection ({where}): {message}"
+            + (f" (SQLSTATE {code})" if code else ""),
+            hint=_REFUSED_HINTS.get(code, _REFUSED_HINT),
+        )
+    sqlstate = f" (SQLSTATE {codes[0]})" if codes else ""
+    return TransientError(f"PostgreSQL unreachable ({where}): {message}{sqlstate}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -137,7 +199,7 @@ def query_failure(
     errors): DefiniteError with the server's first line -- a bug in cdcd or a
     server it does not support.
     """
-    code = exc.pgcode or ""
+    code = error_code(exc)
     message = _first_line(exc)
     doing = purpose or "run " + " ".join(sql.split())[:80]
     if (
@@ -147,6 +209,11 @@ def query_failure(
         or code in _CONNECTION_GONE
     ):
         return TransientError(f"PostgreSQL connection lost: {message}")
+    if code == "55P03":  # lock_not_available: lock_timeout
+        return TransientError(
+            f"PostgreSQL could not {doing} within lock_timeout: another session holds a lock "
+            f"it needs (a migration?); retrying: {message}"
+        )
     if code in _RETRYABLE or code.startswith("40") or (code.startswith("53") and code != "53400"):
         return TransientError(f"PostgreSQL could not {doing} now, retrying: {message}")
     if isinstance(exc, psycopg2.errors.InsufficientPrivilege):
@@ -593,12 +660,50 @@ def _rel_identity(row: tuple[Any, ...]) -> RelIdentity:
     )
 
 
-class SourceDatabase:
-    """A plain (non-replication) connection to the source database."""
+#: The metadata connection's bounds (its own session only, nobody else's). A
+#: catalog query queued behind a migration's lock, or stuck for any other
+#: reason, fails with 55P03 or 57014 and is retried with a log line instead of
+#: holding the daemon silently. Statements that may rightly wait longer (slot
+#: creation waits for every open transaction) run in
+#: :meth:`SourceDatabase.unbounded`.
+METADATA_LOCK_TIMEOUT = "5s"
+METADATA_STATEMENT_TIMEOUT = "60s"
+_BOUNDED_OPTIONS = (
+    f"-c lock_timeout={METADATA_LOCK_TIMEOUT} -c statement_timeout={METADATA_STATEMENT_TIMEOUT}"
+)
 
-    def __init__(self, dsn: str, timeout_s: float = 10.0) -> None:
+
+class SourceDatabase:
+    """A plain (non-replication) connection to the source database.
+
+    ``bounded`` (the default): the session's ``lock_timeout`` and
+    ``statement_timeout`` are :data:`METADATA_LOCK_TIMEOUT` and
+    :data:`METADATA_STATEMENT_TIMEOUT`. A connection that reads whole tables
+    (the initial snapshot's) passes ``bounded=False``.
+    """
+
+    def __init__(self, dsn: str, timeout_s: float = 10.0, *, bounded: bool = True) -> None:
         self.dsn = dsn
-        self.conn = connect(dsn, timeout_s=timeout_s)
+        self.bounded = bounded
+        self.conn = connect(
+            dsn, timeout_s=timeout_s, session_options=_BOUNDED_OPTIONS if bounded else ""
+        )
+
+    @contextmanager
+    def unbounded(self) -> Iterator[None]:
+        """Lift the session's bounds for the statements inside; back to them afterwards."""
+        if not self.bounded:
+            yield
+            return
+        self.query("SET lock_timeout = 0")
+        self.query("SET statement_timeout = 0")
+        try:
+            yield
+        finally:
+            if not self.conn.closed:
+                # RESET returns to the values the session started with: the bounds.
+                self.query("RESET lock_timeout")
+                self.query("RESET statement_timeout")
 
     def close(self) -> None:
         if not self.conn.closed:
@@ -1487,7 +1592,11 @@ class SourceDatabase:
             params = (slot,)
 
         def create() -> None:
-            self.query(sql, params, purpose=f"create replication slot {slot}", passthrough=explained)
+            # Waits for every transaction open when it began: as long as they take.
+            with self.unbounded():
+                self.query(
+                    sql, params, purpose=f"create replication slot {slot}", passthrough=explained
+                )
 
         try:
             wait_for_slot_creation(

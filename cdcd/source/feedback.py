@@ -14,6 +14,15 @@ disables psycopg2's status interval, and sends the ``r`` message itself with
 ``PQputCopyData`` on the same connection. If the walsender ever asks for a
 reply that psycopg2 answers, psycopg2 sends flush 0 (ignored by the server)
 or the ``wal_end`` of a keepalive seen before any data (nothing was pending).
+
+What cdcd reports (docs/synchronous.md): write = the end of the WAL it has
+received, flush = apply = the confirmed position. A synchronous standby is
+judged by these: ``synchronous_commit = on`` and ``remote_apply`` wait for
+flush/apply (Kafka acknowledged), ``remote_write`` for write (received).
+psycopg2's own answers to reply requests carry write = apply = 0; the
+session follows each of them at once with a correct update
+(``ReplicationStream.psycopg_replied``), and PostgreSQL never moves a
+synchronous commit's wait backwards on a lower position.
 """
 
 from __future__ import annotations
@@ -67,15 +76,19 @@ def status_update(written: int, flushed: int, applied: int, reply: bool = False)
     return _STATUS.pack(b"r", written, flushed, applied, now_us, 1 if reply else 0)
 
 
-def send_status(connection: Any, flushed: int, reply: bool = False, timeout_s: float = 10.0) -> None:
-    """Send one status update with write = flush = apply = ``flushed``.
+def send_status(
+    connection: Any, written: int, flushed: int, reply: bool = False, timeout_s: float = 10.0
+) -> None:
+    """Send one status update: write = ``written``, flush = apply = ``flushed``.
 
-    Logical slots take ``confirmed_flush_lsn`` from the flush field; write and
-    apply carry the same value so monitoring views agree.
+    Logical slots take ``confirmed_flush_lsn`` from the flush field; apply
+    carries the same value (cdcd applies nothing after Kafka), so
+    ``remote_apply`` waits exactly as ``on`` does. ``written`` below
+    ``flushed`` is raised to it: nothing can be flushed before it is written.
     """
     lib = _load_libpq()
     pgconn = ctypes.c_void_p(connection.pgconn_ptr)
-    body = status_update(flushed, flushed, flushed, reply)
+    body = status_update(max(written, flushed), flushed, flushed, reply)
     if lib.PQputCopyData(pgconn, body, len(body)) != 1:
         raise TransientError(f"sending standby status failed: {_error(lib, pgconn)}")
     deadline = time.monotonic() + timeout_s

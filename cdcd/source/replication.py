@@ -27,11 +27,22 @@ from cdcd.errors import DefiniteError, TransientError
 from cdcd.protocol.lsn import Lsn
 from cdcd.source.database import connect
 from cdcd.source.feedback import send_status
+from cdcd.source.sqlstate import error_code
 from cdcd.source.versions import has_messages
 
 #: psycopg2 must never send status updates on its own timer (see feedback.py).
 _PSYCOPG_STATUS_INTERVAL_S = 10**7
 
+#: SQLSTATEs with which the walsender refuses the stream for good: the
+#: publication or slot does not exist (42704), the slot cannot be used
+#: (55000: invalidated, another database, a physical slot, wal_level), an
+#: option the server does not take (0A000, 22023: proto_version, two_phase),
+#: no privilege (42501), the slot's plugin (58P01 no such file).
+_DEFINITE_STREAM_CODES = frozenset({"42704", "55000", "0A000", "22023", "42501", "58P01"})
+_ACTIVE_ELSEWHERE_CODE = "55006"  # object_in_use: the slot is active for another PID
+
+# The same decisions by English text: only for errors without an SQLSTATE
+# (psycopg2 errors made up on the client side).
 _DEFINITE_STREAM = re.compile(
     r"publication .* does not exist|can no longer get changes|"
     r"proto(col)?_version|client sent proto_version|requested proto_version|"
@@ -45,16 +56,22 @@ _ACTIVE_ELSEWHERE = re.compile(r"replication slot .* is active for PID", re.IGNO
 
 
 def classify_stream_error(exc: psycopg2.Error, slot: str) -> TransientError | DefiniteError:
-    """Sort a replication-connection error into retry or stop."""
+    """Sort a replication-connection error into retry or stop, by its SQLSTATE.
+
+    The message is the server's, in its ``lc_messages`` language, so it only
+    decides for errors that carry no SQLSTATE (see :mod:`cdcd.source.sqlstate`).
+    """
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if _ACTIVE_ELSEWHERE.search(message):
+    code = error_code(exc)
+    if code == _ACTIVE_ELSEWHERE_CODE or (not code and _ACTIVE_ELSEWHERE.search(message)):
         return TransientError(
             f"slot {slot} is in use by another connection ({message}); "
             "waiting for it to be released — if another cdcd runs on this slot, stop it"
         )
-    if _DEFINITE_STREAM.search(message):
+    if code in _DEFINITE_STREAM_CODES or (not code and _DEFINITE_STREAM.search(message)):
         return DefiniteError(
-            f"replication on slot {slot} failed: {message}",
+            f"replication on slot {slot} failed: {message}"
+            + (f" (SQLSTATE {code})" if code else ""),
             hint="check postgres.publication, postgres.slot and postgres.protocol_version "
             "(PostgreSQL 12 and 13 speak 1, 14 up to 2, 15 up to 3, 16+ up to 4; "
             "3 needs a two-phase slot)",
@@ -85,14 +102,20 @@ class ReplicationStream:
         protocol_version: int,
         timeout_s: float = 10.0,
         origin: str = "any",
+        application_name: str | None = None,
     ) -> None:
         self.slot = slot
         self.publication = publication
         self.protocol_version = protocol_version
         self.origin = origin  # "none" needs PostgreSQL 16 (refused at startup below)
-        self._conn = connect(dsn, replication=True, timeout_s=timeout_s)
+        # The name synchronous_standby_names matches (postgres.application_name).
+        self.application_name = application_name or slot
+        self._conn = connect(
+            dsn, replication=True, timeout_s=timeout_s, application_name=self.application_name
+        )
         self._cursor: Any = self._conn.cursor()
         self.server_version = int(self._conn.server_version)
+        self._psycopg_feedback: Any = None
 
     def options(self) -> dict[str, str]:
         options = {
@@ -161,9 +184,24 @@ class ReplicationStream:
     def fileno(self) -> int:
         return int(self._conn.fileno())
 
-    def send_status(self, flushed: Lsn, reply: bool = False) -> None:
+    def psycopg_replied(self) -> bool:
+        """Whether psycopg2 answered a keepalive on its own since the last call.
+
+        psycopg2 answers a keepalive that requests a reply inside
+        ``read_message``, with write = apply = 0 (see feedback.py); the
+        session then sends its own update at once, so the walsender and
+        ``pg_stat_replication`` see cdcd's real positions.
+        """
+        stamp = self._cursor.feedback_timestamp
+        if stamp == self._psycopg_feedback:
+            return False
+        self._psycopg_feedback = stamp
+        return True
+
+    def send_status(self, written: Lsn, flushed: Lsn, reply: bool = False) -> None:
+        """A standby status update: write = ``written`` (received), flush = apply = ``flushed``."""
         try:
-            send_status(self._conn, int(flushed), reply)
+            send_status(self._conn, int(written), int(flushed), reply)
         except psycopg2.Error as exc:
             raise classify_stream_error(exc, self.slot) from exc
 

@@ -30,17 +30,37 @@ pyspark at package import time.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["read_changes", "read_raw", "register_source"]
+# Spark starts Python workers (the bundled Kafka source, decoding) with
+# PYSPARK_PYTHON, read when a session starts: this interpreter, which has
+# cdcd, unless the user chose another. A session started before this import
+# keeps its own; :func:`cdcd.spark.reader.register_source` warns about one
+# whose workers would run another interpreter.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+__all__ = ["apply_changes", "read_changes", "read_mirror", "read_raw", "register_source"]
 
 if TYPE_CHECKING:
+    from cdcd.spark.autocdc import apply_changes
+    from cdcd.spark.mirror import read_mirror
     from cdcd.spark.reader import read_changes, read_raw, register_source
+
+_HOMES = {
+    "read_changes": "cdcd.spark.reader",
+    "read_raw": "cdcd.spark.reader",
+    "register_source": "cdcd.spark.reader",
+    "read_mirror": "cdcd.spark.mirror",
+    "apply_changes": "cdcd.spark.autocdc",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from cdcd.spark import reader
+    home = _HOMES.get(name)
+    if home is not None:
+        import importlib
 
-        return getattr(reader, name)
+        return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module 'cdcd.spark' has no attribute {name!r}")

@@ -63,6 +63,7 @@ and batch, the Spark job -- is :mod:`cdcd.spark.mirror`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -71,12 +72,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcd.errors import DefiniteError
+from cdcd.naming import ORIGINAL_NAME_ATTRIBUTE
 from cdcd.spark.decode import NativeChanges, SchemaLookup, newest_version
 from cdcd.spark.layout import (
     RowLayout,
     changes_arrow_schema,
     convert_columns,
     default_array,
+    row_schema_of,
     to_reader,
 )
 
@@ -92,12 +95,15 @@ __all__ = [
     "Version",
     "apply_batch",
     "apply_changes",
+    "distinct_identities",
     "empty_rows",
     "evolve",
     "reader_changes",
     "state_schema",
     "table_dir_name",
 ]
+
+log = logging.getLogger(__name__)
 
 META_LSN = "_cdcd_lsn"
 META_SEQ = "_cdcd_seq"
@@ -226,6 +232,8 @@ class ApplyResult:
     pending: pa.Table | None = None
     #: Rows deleted by this batch and the one before (``state_schema`` plus ``AGE``).
     recent_deletes: pa.Table | None = None
+    #: With ``history``: what each applied change did, in commit order (:class:`Event`).
+    events: list[Event] | None = None
 
 
 DEFERRALS = "__cdcd_deferrals"
@@ -302,8 +310,12 @@ def apply_changes(
     high_water: Mapping[int, Version] | None = None,
     pending: pa.Table | None = None,
     recent_deletes: pa.Table | None = None,
+    history: bool = False,
 ) -> ApplyResult:
     """Apply decoded changes (:func:`cdcd.spark.layout.changes_arrow_schema`) to ``rows``.
+
+    ``history``: also return what each change did (``events``), changes
+    before a truncate of the batch included (for the history tables).
 
     ``rows`` is the mirror's working table (:func:`state_schema`; see
     :func:`evolve`). Returns the new rows, truncate version and per-partition
@@ -318,18 +330,19 @@ def apply_changes(
     returned in ``recent_deletes`` for a create that comes after its delete.
     """
     rows = evolve(rows, layout)
+    identities = _identities(changes, layout)
     changes = _canonical(changes, layout)
     incoming = changes.num_rows
     if pending is not None and pending.num_rows:
         pending = pending.select(pending_schema(layout).names).cast(pending_schema(layout))
         changes = pa.concat_tables([changes, pending.drop_columns([DEFERRALS])])
         deferrals_in = [0] * incoming + pending.column(DEFERRALS).to_pylist()
+        identities += [layout.key_names] * pending.num_rows
     else:
         deferrals_in = [0] * incoming
     stats = ApplyStats()
     old_high_water = dict(high_water or {})
     new_high_water = dict(old_high_water)
-    keyed = bool(layout.key_names)
 
     meta = changes.select(["partition", "lsn", "seq", "op"]).to_pydict()
     partitions, lsns, seqs, ops = meta["partition"], meta["lsn"], meta["seq"], meta["op"]
@@ -342,7 +355,9 @@ def apply_changes(
             raise DefiniteError(
                 f"unknown change operation {op!r} at (lsn {lsns[i]}, seq {seqs[i]})"
             )
-        if keyed and op != "t" and i < incoming:  # held-back changes passed the check before
+        # Keyed changes only (null keys land on any partition); held-back
+        # changes passed the check before.
+        if identities[i] and op != "t" and i < incoming:
             partition = partitions[i]
             mark = old_high_water.get(partition)
             if mark is not None and version <= mark:
@@ -357,40 +372,80 @@ def apply_changes(
         kept.append(i)
     kept.sort(key=lambda i: (lsns[i], seqs[i]))
 
-    # Truncates first: they bound everything else.
-    truncate = truncated_at
-    for i in kept:
-        if ops[i] == "t":
-            stats.truncates += 1
-            version = (lsns[i], seqs[i])
-            if truncate is None or version > truncate:
-                truncate = version
-    if truncate is not None and truncate != truncated_at and rows.num_rows:
-        rows = rows.filter(
-            pc.invert(_older(rows.column(META_LSN), rows.column(META_SEQ), truncate))
-        )
-    order = []
-    for i in kept:
-        if ops[i] == "t":
-            continue
-        if truncate is not None and (lsns[i], seqs[i]) < truncate:
-            stats.stale += 1
-            continue
-        order.append(i)
-
     recent = _recent_deletes(recent_deletes, layout)
     deleted: dict[Version, dict[str, Any]] = {}
     deferred: list[int] = []
-    if order:
-        subset = changes.take(pa.array(order, pa.int64()))
-        if keyed:
-            rows, deleted, held = _apply_keyed(
-                rows, subset, layout, stats, recent, [deferrals_in[i] for i in order]
+    events: list[Event] | None = [] if history else None
+
+    def apply_in_order(order: list[int]) -> None:
+        # Each change is matched by the identity it was written with (a key
+        # added, grown or dropped changes it from one change to the next), in
+        # runs of consecutive changes with the same identity.
+        nonlocal rows
+        for identity, run in _runs(order, identities, layout):
+            subset = changes.take(pa.array(run, pa.int64()))
+            if identity:
+                rows, run_deleted, held = _apply_keyed(
+                    rows,
+                    subset,
+                    layout.with_key(identity),
+                    stats,
+                    recent,
+                    [deferrals_in[i] for i in run],
+                    events,
+                )
+                deleted.update(run_deleted)
+                deferred.extend(run[j] for j in held)
+            else:
+                rows = _apply_keyless(rows, subset, layout, stats, events)
+
+    truncate = truncated_at
+    if events is None:
+        # Truncates first: they bound everything else.
+        for i in kept:
+            if ops[i] == "t":
+                stats.truncates += 1
+                version = (lsns[i], seqs[i])
+                if truncate is None or version > truncate:
+                    truncate = version
+        if truncate is not None and truncate != truncated_at and rows.num_rows:
+            rows = rows.filter(
+                pc.invert(_older(rows.column(META_LSN), rows.column(META_SEQ), truncate))
             )
-            deferred = [order[j] for j in held]
-            stats.held_back = len(deferred)
-        else:
-            rows = _apply_keyless(rows, subset, layout, stats)
+        order = []
+        for i in kept:
+            if ops[i] == "t":
+                continue
+            if truncate is not None and (lsns[i], seqs[i]) < truncate:
+                stats.stale += 1
+                continue
+            order.append(i)
+        apply_in_order(order)
+    else:
+        # With history, the changes before a truncate of the batch made
+        # versions too: the batch is applied in commit order, truncates in turn.
+        stamps = changes.column("commit_ts").to_pylist()
+        segment: list[int] = []
+        for i in kept:
+            version = (lsns[i], seqs[i])
+            if ops[i] == "t":
+                stats.truncates += 1
+                if truncate is not None and version <= truncate:
+                    continue
+                apply_in_order(segment)
+                segment = []
+                truncate = version
+                if rows.num_rows:
+                    rows = rows.filter(
+                        pc.invert(_older(rows.column(META_LSN), rows.column(META_SEQ), version))
+                    )
+                events.append(Event(None, None, version, None, "t", stamps[i]))
+            elif truncated_at is not None and version < truncated_at:
+                stats.stale += 1
+            else:
+                segment.append(i)
+        apply_in_order(segment)
+    stats.held_back = len(deferred)
     held_back = None
     if deferred:
         held_back = changes.take(pa.array(deferred, pa.int64())).append_column(
@@ -403,7 +458,61 @@ def apply_changes(
         stats,
         held_back,
         _aged_deletes(recent_deletes, deleted, layout),
+        events,
     )
+
+
+#: Column of decoded changes (added by :func:`reader_changes`): the key columns of each
+#: change's message key, () for a null key, null when unknown.
+IDENTITY = "__cdcd_key"
+
+
+_SEPARATOR = "\x00"  # not in PostgreSQL identifiers
+
+
+def distinct_identities(changes: pa.Table) -> set[tuple[str, ...] | None]:
+    """The identities (column ``IDENTITY``) the changes were written with."""
+    if IDENTITY not in changes.column_names:
+        return {None}
+    joined = pc.binary_join(changes.column(IDENTITY), _SEPARATOR)
+    return {_split(text) for text in pc.unique(joined).to_pylist()}
+
+
+def _split(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return tuple(text.split(_SEPARATOR)) if text else ()
+
+
+def _identities(changes: pa.Table, layout: RowLayout) -> list[tuple[str, ...]]:
+    """Each change's identity (its key columns; () for none), the layout's when unknown."""
+    if IDENTITY not in changes.column_names or not changes.num_rows:
+        return [layout.key_names] * changes.num_rows
+    joined = pc.binary_join(changes.column(IDENTITY), _SEPARATOR).combine_chunks()
+    encoded = pc.dictionary_encode(joined)
+    known = [_split(text) for text in encoded.dictionary.to_pylist()]
+    values = [layout.key_names if key is None else key for key in known]
+    return [
+        layout.key_names if code is None else values[code] for code in encoded.indices.to_pylist()
+    ]
+
+
+def _runs(
+    order: Sequence[int], identities: Sequence[tuple[str, ...]], layout: RowLayout
+) -> list[tuple[tuple[str, ...], list[int]]]:
+    """``order`` cut into runs of one identity. An identity naming a column the layout
+    lacks (a key column dropped since) cannot match by key: its changes match whole rows."""
+    names = set(layout.names)
+    runs: list[tuple[tuple[str, ...], list[int]]] = []
+    for i in order:
+        identity = identities[i]
+        if not set(identity) <= names:
+            identity = ()
+        if runs and runs[-1][0] == identity:
+            runs[-1][1].append(i)
+        else:
+            runs.append((identity, [i]))
+    return runs
 
 
 def _recent_deletes(table: pa.Table | None, layout: RowLayout) -> dict[Version, dict[str, Any]]:
@@ -444,9 +553,40 @@ def _aged_deletes(
 
 def _change_records(changes: pa.Table) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = changes.select(
-        ["lsn", "seq", "op", "unchanged_toast", "before", "after"]
+        ["lsn", "seq", "op", "commit_ts", "unchanged_toast", "before", "after"]
     ).to_pylist()
     return records
+
+
+@dataclass(frozen=True)
+class Event:
+    """What one applied change did to one row, for the history tables.
+
+    ``old_version``/``old_values``: the row it replaced or deleted (its
+    (lsn, seq) and columns), None when it made a new row; ``values``: the
+    row after it (unchanged TOAST filled in), None for a delete; a truncate
+    is ``op="t"`` with ``version`` its own (lsn, seq).
+    """
+
+    old_version: Version | None
+    old_values: dict[str, Any] | None
+    version: Version
+    values: dict[str, Any] | None
+    op: str
+    commit_ts: Any
+    #: Rows a batch only inserts (new keys), whole (``op="+"``, ``version`` unused):
+    #: the row columns, ``_cdcd_lsn``/``_cdcd_seq``, ``op`` and ``commit_ts``.
+    bulk: pa.Table | None = None
+
+
+def _insert_events(
+    events: list[Event], inserted: pa.Table, changes: pa.Table, layout: RowLayout
+) -> None:
+    """One bulk event for rows a batch only inserts: kept columnar (a first build)."""
+    bulk = inserted.append_column("op", changes.column("op")).append_column(
+        "commit_ts", changes.column("commit_ts")
+    )
+    events.append(Event(None, None, (-1, -1), None, "+", None, bulk))
 
 
 def _new_rows_only(rows: pa.Table, changes: pa.Table, layout: RowLayout) -> pa.Table | None:
@@ -488,15 +628,19 @@ def _apply_keyed(
     stats: ApplyStats,
     recent: Mapping[Version, dict[str, Any]],
     deferrals: Sequence[int],
+    events: list[Event] | None = None,
 ) -> tuple[pa.Table, dict[Version, dict[str, Any]], list[int]]:
     """Fold the changes (in version order) into per-key states, then rebuild the rows.
 
     Returns the rows, the rows this batch deleted (by delete version) and the
-    positions of the changes held back (see :func:`apply_changes`).
+    positions of the changes held back (see :func:`apply_changes`). ``events``:
+    appended with what each applied change did to which row (:class:`Event`).
     """
     inserted = _new_rows_only(rows, changes, layout)
     if inserted is not None:
         stats.applied += inserted.num_rows
+        if events is not None:
+            _insert_events(events, inserted, changes, layout)
         return pa.concat_tables([rows, inserted]), {}, []
     key_names = layout.key_names
     names = layout.names
@@ -531,6 +675,10 @@ def _apply_keyed(
         if version is not None and change_version <= version:
             stats.stale += 1
             continue
+        if version is None and record["op"] in ("u", "d"):
+            # The mirror never held this row: reported (a delete removes
+            # nothing, an update is kept as an insert).
+            stats.unmatched += 1
         new = dict(record["after"]) if record["op"] != "d" else None
         toast = [c for c in record["unchanged_toast"] or () if new is not None and c in new]
         previous = values
@@ -547,6 +695,10 @@ def _apply_keyed(
             if values is not None:
                 deleted[change_version] = values
             states[key] = (None, change_version)
+            if events is not None and values is not None:
+                events.append(
+                    Event(version, values, change_version, None, "d", record["commit_ts"])
+                )
             continue
         for column in toast:
             if previous is not None:
@@ -555,6 +707,17 @@ def _apply_keyed(
             else:
                 stats.toast_missing += 1
         states[key] = (new, change_version)
+        if events is not None:
+            events.append(
+                Event(
+                    version if values is not None else None,
+                    values,
+                    change_version,
+                    new,
+                    record["op"],
+                    record["commit_ts"],
+                )
+            )
 
     written = [
         {**values, META_LSN: version[0], META_SEQ: version[1]}
@@ -573,7 +736,11 @@ def _apply_keyed(
 
 
 def _apply_keyless(
-    rows: pa.Table, changes: pa.Table, layout: RowLayout, stats: ApplyStats
+    rows: pa.Table,
+    changes: pa.Table,
+    layout: RowLayout,
+    stats: ApplyStats,
+    events: list[Event] | None = None,
 ) -> pa.Table:
     names = layout.names
     records = _change_records(changes)
@@ -591,6 +758,11 @@ def _apply_keyless(
             live.append(
                 {**record["after"], META_LSN: change_version[0], META_SEQ: change_version[1]}
             )
+            if events is not None:
+                events.append(
+                    Event(None, None, change_version, record["after"], record["op"],
+                          record["commit_ts"])
+                )  # fmt: skip
             continue
         before = record["before"]
         match = None
@@ -608,9 +780,15 @@ def _apply_keyless(
             stats.stale += 1
             continue
         stats.applied += 1
+        old_version = (matched[META_LSN], matched[META_SEQ])
+        old_values = {n: matched[n] for n in names}
         if record["op"] == "d":
             stats.deleted += 1
             live[match] = None
+            if events is not None:
+                events.append(
+                    Event(old_version, old_values, change_version, None, "d", record["commit_ts"])
+                )
             continue
         new = dict(record["after"])
         for column in record["unchanged_toast"] or ():
@@ -619,6 +797,11 @@ def _apply_keyless(
                 stats.toast_kept += 1
         live[match] = {**new, META_LSN: change_version[0], META_SEQ: change_version[1]}
         versions.add(change_version)
+        if events is not None:
+            events.append(
+                Event(old_version, old_values, change_version, new, record["op"],
+                      record["commit_ts"])
+            )  # fmt: skip
     return pa.Table.from_pylist([r for r in live if r is not None], schema=rows.schema)
 
 
@@ -646,6 +829,8 @@ class TableState:
     schema_version: Version
     truncated_at: Version | None = None
     high_water: dict[int, Version] = field(default_factory=dict)
+    #: The key columns (PostgreSQL names) of the newest change's message key; () for none.
+    key: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -657,7 +842,7 @@ class TableState:
 
     @property
     def layout(self) -> RowLayout:
-        return RowLayout.from_envelope(self.envelope)
+        return RowLayout.from_envelope(self.envelope, self.key)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -668,6 +853,7 @@ class TableState:
             "schema_version": list(self.schema_version),
             "truncated_at": list(self.truncated_at) if self.truncated_at is not None else None,
             "high_water": {str(p): list(v) for p, v in sorted(self.high_water.items())},
+            "key": list(self.key),
         }
 
     @classmethod
@@ -683,7 +869,18 @@ class TableState:
             high_water={
                 int(p): (int(v[0]), int(v[1])) for p, v in data.get("high_water", {}).items()
             },
+            key=tuple(data["key"]) if "key" in data else _required_columns(data["envelope"]),
         )
+
+
+def _required_columns(envelope: Mapping[str, Any]) -> tuple[str, ...]:
+    """The key of a state recorded before keys were recorded: its non-union columns
+    (what older mirrors took for the key; the next keyed change records the real one)."""
+    return tuple(
+        str(f.get(ORIGINAL_NAME_ATTRIBUTE, f["name"]))
+        for f in row_schema_of(envelope)["fields"]
+        if not isinstance(f["type"], list)
+    )
 
 
 # ----------------------------------------------------------------------------- one batch of one table
@@ -727,9 +924,11 @@ def reader_changes(
     existing: TableState | None,
     natives: Sequence[NativeChanges],
     schema_of: SchemaLookup,
+    keep_truncated: bool = False,
 ) -> tuple[TableState, pa.Table, int]:
-    """The table's state with its newest schema, the batch's changes in that layout,
-    and how many changes were dropped as older than a truncate.
+    """The table's state with its newest schema and key, the batch's changes in that
+    layout (plus the column ``IDENTITY``: each change's key columns), and how many
+    changes were dropped as older than a truncate.
 
     Newest: the writer schema of the change with the highest (lsn, seq), in
     this batch or applied before (a replay may bring older schemas). Changes
@@ -740,8 +939,18 @@ def reader_changes(
     candidates = [(newest_version(n.changes), n.header) for n in natives if n.changes.num_rows]
     version, header = max(candidates)
     envelope: Mapping[str, Any] = schema_of(header)
+    # The key likewise: the message key of the newest change that has one
+    # (truncates say nothing about it).
+    keys = [
+        (newest_version(n.changes), n.identity)
+        for n in natives
+        if n.changes.num_rows and n.identity is not None
+    ]
+    key_version, key = max(keys) if keys else ((-1, -1), None)
     if existing is not None and existing.schema_version > version:
         envelope, version = existing.envelope, existing.schema_version
+    if existing is not None and (key is None or existing.schema_version > key_version):
+        key = existing.key
     if existing is None:
         first = next(n for n in natives if n.changes.num_rows).changes.slice(0, 1).to_pylist()[0]
         existing = TableState(
@@ -751,9 +960,18 @@ def reader_changes(
             envelope=dict(envelope),
             schema_version=version,
         )
-    state = replace(existing, envelope=dict(envelope), schema_version=version)
+    shape = RowLayout.from_envelope(envelope)
+    if key is None or not set(key) <= set(shape.names):
+        key = ()
+    state = replace(existing, envelope=dict(envelope), schema_version=version, key=tuple(key))
     reader = state.layout
-    truncate = _newest_truncate(natives, existing.truncated_at)
+    # With history (``keep_truncated``), changes before a truncate of this
+    # batch are kept: they made versions too.
+    truncate = (
+        existing.truncated_at
+        if keep_truncated
+        else _newest_truncate(natives, existing.truncated_at)
+    )
     parts = []
     dropped = 0
     for native in natives:
@@ -764,7 +982,12 @@ def reader_changes(
             )
             dropped += changes.num_rows - kept.num_rows
             changes = kept
-        parts.append(to_reader(changes, native.layout, reader, topic))
+        converted = to_reader(changes, native.layout, reader, topic)
+        identity = pa.array(
+            [None if native.identity is None else list(native.identity)] * converted.num_rows,
+            pa.list_(pa.string()),
+        )
+        parts.append(converted.append_column(IDENTITY, identity))
     return state, pa.concat_tables(parts), dropped
 
 
@@ -780,6 +1003,7 @@ def apply_batch(
     stored: Stored,
     changes: pa.Table,
     dropped: int = 0,
+    history: bool = False,
 ) -> tuple[TableState, ApplyResult]:
     """Apply one batch of a table: ``changes`` (from :func:`reader_changes`) to ``stored``.
 
@@ -788,7 +1012,31 @@ def apply_batch(
     newest truncate are dropped before the rest moves to the new layout
     (:func:`evolve`); ``dropped`` changes (older than a truncate) count as
     stale. Returns the new state (not yet stored) and what was applied.
+    ``history``: report what each change did (``ApplyResult.events``); the
+    rows a truncate of the batch removes are then kept until it comes.
     """
+    if history:
+        try:
+            return _apply_batch(
+                state, previous, stored, changes, dropped, history=True, keep_truncated=True
+            )
+        except DefiniteError as exc:
+            # Rows before a DROP TABLE + CREATE TABLE need not fit the new
+            # table: its history then starts at the truncate.
+            log.warning("%s: history of the rows before a truncate left out: %s", state.name, exc)
+    return _apply_batch(state, previous, stored, changes, dropped, history=history)
+
+
+def _apply_batch(
+    state: TableState,
+    previous: RowLayout | None,
+    stored: Stored,
+    changes: pa.Table,
+    dropped: int,
+    *,
+    history: bool,
+    keep_truncated: bool = False,
+) -> tuple[TableState, ApplyResult]:
     layout = state.layout
     truncate = state.truncated_at
     ops = changes.column("op")
@@ -797,7 +1045,8 @@ def apply_batch(
         version = newest_version(truncates)
         if truncate is None or version > truncate:
             truncate = version
-    rows = _since(stored.rows, truncate, META_LSN, META_SEQ)
+    kept_since = state.truncated_at if keep_truncated else truncate
+    rows = _since(stored.rows, kept_since, META_LSN, META_SEQ)
     assert rows is not None
     pending = _since(stored.pending, truncate, "lsn", "seq")
     recent = _since(stored.recent_deletes, truncate, META_LSN, META_SEQ)
@@ -822,6 +1071,7 @@ def apply_batch(
         high_water=state.high_water,
         pending=pending,
         recent_deletes=recent,
+        history=history,
     )
     result.stats.stale += dropped
     return replace(state, truncated_at=result.truncated_at, high_water=result.high_water), result

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from cdcd.spark.mirror import MirrorJob
+    from cdcd.spark.mirror import HistoryOptions, MirrorJob
 
 __all__ = ["build_session", "cmd_mirror", "run_mirror"]
 
@@ -190,6 +190,7 @@ def start_query(
     interval_s: float,
     options: Mapping[str, str] | None = None,
     checkpoint: str | None = None,
+    history: bool = False,
 ) -> tuple[StreamingQuery, MirrorJob]:
     from cdcd.spark.mirror import MirrorJob, MirrorStore, is_local
     from cdcd.spark.reader import read_raw, schema_catalog
@@ -206,7 +207,7 @@ def start_query(
     subscription = _subscription(config)
     catalog = schema_catalog(config, subscription)
     raw: DataFrame = read_raw(spark, subscription, streaming=True)
-    job = MirrorJob(store, catalog)
+    job = MirrorJob(store, catalog, history=history_options(config, history))
     writer = (
         raw.writeStream.foreachBatch(job)
         .option("checkpointLocation", checkpoint)
@@ -226,6 +227,20 @@ def start_query(
     return query, job
 
 
+def history_options(config: CdcdConfig, all_tables: bool) -> HistoryOptions:
+    """Which tables get a history table: every one with ``--history``, else those whose
+    ``postgres.tables`` entry says ``history: true``; and their ``history_columns``."""
+    from cdcd.config.model import TableConfig
+    from cdcd.spark.mirror import HistoryOptions
+
+    entries = [e for e in config.postgres.tables or () if isinstance(e, TableConfig)]
+    return HistoryOptions(
+        all_tables=all_tables,
+        patterns=tuple(e.name for e in entries if e.history),
+        tracked=tuple((e.name, tuple(e.history_columns)) for e in entries if e.history_columns),
+    )
+
+
 def run_mirror(
     config: CdcdConfig,
     output: str | Path,
@@ -236,8 +251,11 @@ def run_mirror(
     spark_log_level: str = "FATAL",
     options: Mapping[str, str] | None = None,
     checkpoint: str | None = None,
+    history: bool = False,
 ) -> int:
-    """Run the mirror query; returns the exit code (errors raise :class:`CdcdError`)."""
+    """Run the mirror query; returns the exit code (errors raise :class:`CdcdError`).
+
+    ``history``: every table also gets its history table (``--history``)."""
     own_session = spark is None
     session = spark if spark is not None else build_session(log_level=spark_log_level)
     from pyspark.errors import PySparkException
@@ -254,6 +272,7 @@ def run_mirror(
             interval_s=interval_s,
             options=options,
             checkpoint=checkpoint,
+            history=history,
         )
         failure: BaseException | None
         try:
@@ -342,6 +361,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
             spark_log_level="WARN" if args.debug else "FATAL",
             options=options,
             checkpoint=args.checkpoint,
+            history=bool(getattr(args, "history", False)),
         )
     except CdcdError:
         raise

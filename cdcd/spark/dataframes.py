@@ -145,3 +145,24 @@ def header_summary(raw: DataFrame) -> list[HeaderUse]:
         )
         for row in rows
     ]
+
+
+_KEY_HEADER_SQL = _HEADER_SQL.replace("value", "key")
+
+
+def newest_key_header(raw: DataFrame, topic: str) -> bytes | None:
+    """The wire header of the key of ``topic``'s newest message (by lsn, seq) that has a
+    key: the key schema of the table's newest identity; None when no message has one."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        raw.where((F.col("topic") == topic) & F.col("value").isNotNull() & F.col("key").isNotNull())
+        .select(
+            F.expr(_KEY_HEADER_SQL).alias("header"),
+            F.struct(F.expr(_LSN_SQL).alias("lsn"), F.expr(_SEQ_SQL).alias("seq")).alias("v"),
+        )
+        .orderBy(F.col("v").desc())
+        .limit(1)
+        .collect()
+    )
+    return bytes(rows[0]["header"]) if rows else None

@@ -30,6 +30,13 @@ stripped before fastavro sees a schema, so values arrive as the raw ints and
 bytes Arrow wants, without building ``datetime`` or ``Decimal`` objects per
 value.
 
+A column whose type changed is a union of every type it has had (the
+current one first): each value is decoded in the branch it was written in
+(:func:`_mark_branches` tells them apart) and converted to the current
+type. For the mirror, :func:`decode_native` also reads each message key's
+schema: the key columns are the change's identity (``NativeChanges.identity``),
+which the row schema does not carry.
+
 Decoded columns: ``topic``, ``partition``, ``offset``, ``lsn``, ``seq``,
 ``op``, ``ts_ms`` (cdcd's processing time), ``commit_ts`` (the commit time,
 ``source.ts_ms``), ``tx_id``, ``snapshot``, ``source_db``,
@@ -43,11 +50,12 @@ from __future__ import annotations
 
 import gc
 import io
+import itertools
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -60,10 +68,16 @@ from cdcd.errors import DefiniteError
 from cdcd.spark.layout import (
     CHANGE_COLUMNS,
     PRIMITIVES,
+    ColumnType,
     RowLayout,
     changes_arrow_schema,
     column_array,
+    column_type,
+    convert_column,
+    key_columns,
+    row_schema_of,
     to_reader,
+    union_branches,
 )
 
 __all__ = [
@@ -78,6 +92,7 @@ __all__ = [
     "decode_payloads",
     "newest_version",
     "read_payloads",
+    "reduce_native",
 ]
 
 #: ``wire header -> envelope schema``; raises when the schema cannot be found.
@@ -103,12 +118,118 @@ def _strip_logical(schema: Any) -> Any:
     return schema
 
 
+def _has_several_types(avro: Any) -> bool:
+    """Whether a field type holds, anywhere, a union of several types."""
+    if isinstance(avro, list):
+        return union_branches(avro) is not None or any(_has_several_types(b) for b in avro)
+    if isinstance(avro, dict) and avro.get("type") == "array":
+        return _has_several_types(avro["items"])
+    return False
+
+
+def _mark_branches(stripped: Any, original: Any, names: Iterator[int]) -> Any:
+    """``stripped`` (a field type without logical types) with each branch of every union
+    of several types made a record of one field ``b<branch>``: a record of one field is
+    encoded exactly as that field's value, so decoding tells which branch a value was
+    written in (``{"b<branch>": value}``)."""
+    if isinstance(original, list):
+        several = union_branches(original) is not None
+        out = []
+        for b, (plain, branch) in enumerate(zip(stripped, original, strict=True)):
+            marked = _mark_branches(plain, branch, names)
+            if several and branch != "null":
+                marked = {
+                    "type": "record",
+                    "name": f"cdcd_branch_{next(names)}",
+                    "fields": [{"name": f"b{b}", "type": marked}],
+                }
+            out.append(marked)
+        return out
+    if isinstance(original, dict) and original.get("type") == "array":
+        return {**stripped, "items": _mark_branches(stripped["items"], original["items"], names)}
+    return stripped
+
+
+def _mark_row(stripped: dict[str, Any], row: Mapping[str, Any], fields: set[str]) -> None:
+    """:func:`_mark_branches` on the ``fields`` of the row record inside ``stripped``."""
+    names = itertools.count()
+    for avro_field in stripped.get("fields", ()):
+        if avro_field.get("name") != "before":
+            continue
+        for record in avro_field["type"]:
+            if isinstance(record, dict) and record.get("type") == "record":
+                for plain, original in zip(record["fields"], row["fields"], strict=True):
+                    if original["name"] in fields:
+                        plain["type"] = _mark_branches(plain["type"], original["type"], names)
+
+
+def _build(values: list[Any], avro: Any, target: ColumnType, what: str) -> pa.Array:
+    """Raw values of a field type holding unions of several types (marked by
+    :func:`_mark_branches`) as one array of ``target``, the column's current type:
+    each branch's values are built in their own type and converted exactly."""
+    if isinstance(avro, list):
+        branches = union_branches(avro)
+        if branches is None:
+            (single,) = [b for b in avro if b != "null"]
+            return _build(values, single, target, what)
+        return _build_union(values, avro, target, what)
+    if isinstance(avro, dict) and avro.get("type") == "array" and _has_several_types(avro):
+        assert target.item is not None
+        offsets: list[int] = [0]
+        flat: list[Any] = []
+        for value in values:
+            if value is not None:
+                flat.extend(value)
+            offsets.append(len(flat))
+        items = _build(flat, avro["items"], target.item, what)
+        mask = pa.array([v is None for v in values], pa.bool_())
+        return pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()), items, type=target.arrow(), mask=mask
+        )
+    source = column_type(avro)
+    try:
+        return convert_column(column_array(values, source), source, target)
+    except ValueError as exc:
+        raise DefiniteError(
+            f"{what} has values of type {source.describe()} that cannot be converted "
+            f"exactly to its type {target.describe()}: {exc}",
+            hint="re-snapshot the table under a new topic prefix",
+        ) from None
+
+
+def _build_union(values: list[Any], avro: list[Any], target: ColumnType, what: str) -> pa.Array:
+    positions: dict[int, list[int]] = {}
+    raws: dict[int, list[Any]] = {}
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        ((label, raw),) = value.items()
+        branch = int(label[1:])
+        positions.setdefault(branch, []).append(i)
+        raws.setdefault(branch, []).append(raw)
+    if not positions:
+        return pa.nulls(len(values), target.arrow())
+    # Concatenate nulls then each branch's values; each position takes its own.
+    pieces = [pa.nulls(1, target.arrow())]
+    chosen = [0] * len(values)
+    start = 1
+    for branch, where in positions.items():
+        pieces.append(_build(raws[branch], avro[branch], target, what))
+        for j, i in enumerate(where):
+            chosen[i] = start + j
+        start += len(where)
+    return pa.concat_arrays(pieces).take(pa.array(chosen, pa.int64()))
+
+
 @dataclass(frozen=True)
 class _Writer:
     parsed: Any
     header_length: int
     layout: RowLayout
     fields: tuple[str, ...]
+    #: Field name -> Avro type of the columns holding unions of several types
+    #: (a column whose type changed), decoded by :func:`_build`.
+    several: Mapping[str, Any] = field(default_factory=dict)
 
 
 _WRITERS: dict[tuple[bytes, str], _Writer] = {}
@@ -127,11 +248,21 @@ def _writer_for(header: bytes, schema_of: SchemaLookup) -> _Writer:
     if writer is not None:
         return writer
     layout = RowLayout.from_envelope(envelope)
+    stripped = _strip_logical(dict(envelope))
+    row = row_schema_of(envelope)
+    several = {
+        str(original["name"]): original["type"]
+        for original in row["fields"]
+        if _has_several_types(original["type"])
+    }
+    if several:
+        _mark_row(stripped, row, set(several))
     writer = _Writer(
-        parse_schema(_strip_logical(dict(envelope))),
+        parse_schema(stripped),
         len(header),
         layout,
         tuple(c.field for c in layout.columns),
+        several,
     )
     with _WRITERS_LOCK:
         if len(_WRITERS) > 4096:
@@ -143,9 +274,12 @@ def _writer_for(header: bytes, schema_of: SchemaLookup) -> _Writer:
 class _Group:
     """Decoded messages of one (topic, writer schema); columns are built at the end."""
 
-    def __init__(self, topic: str, header: bytes, writer: _Writer) -> None:
+    def __init__(
+        self, topic: str, header: bytes, writer: _Writer, key_header: bytes | None = None
+    ) -> None:
         self.topic = topic
         self.header = header
+        self.key_header = key_header
         self.writer = writer
         self.records: list[Any] = []
         self.partitions: list[int] = []
@@ -154,10 +288,15 @@ class _Group:
 
     def _struct(self, images: list[Any]) -> pa.Array:
         layout = self.writer.layout
-        arrays = [
-            column_array([None if image is None else image[c.field] for image in images], c.type)
-            for c in layout.columns
-        ]
+        several = self.writer.several
+        arrays = []
+        for c in layout.columns:
+            values = [None if image is None else image[c.field] for image in images]
+            if c.field in several:
+                what = f"{self.topic}: column {c.name!r}"
+                arrays.append(_build(values, several[c.field], c.type, what))
+            else:
+                arrays.append(column_array(values, c.type))
         return pa.StructArray.from_arrays(
             arrays,
             fields=list(layout.arrow_type()),
@@ -198,16 +337,24 @@ class NativeChanges:
     layout: RowLayout
     changes: pa.Table
     rows: tuple[int, ...]  # positions of the messages in the input batch
+    #: The key columns (PostgreSQL names) of the message keys; () for a table
+    #: without a key (null keys); None when unknown (only truncates, or no keys read).
+    identity: tuple[str, ...] | None = None
 
 
-def decode_native(batch: pa.RecordBatch | pa.Table, schema_of: SchemaLookup) -> list[NativeChanges]:
+def decode_native(
+    batch: pa.RecordBatch | pa.Table, schema_of: SchemaLookup, *, keys: bool = True
+) -> list[NativeChanges]:
     """Decode Kafka rows (columns of :mod:`cdcd.spark.source`), each with its writer schema.
+
+    ``keys``: also read the message keys' schemas, for each group's
+    ``identity`` (the mirror needs it; a DataFrame of changes does not).
 
     Tombstones are skipped. A message that is not a cdcd envelope, or whose
     schema cannot be found, is an error naming topic, partition and offset.
     """
     with _gc_paused():
-        return _decode_native(batch, schema_of)
+        return _decode_native(batch, schema_of, keys)
 
 
 @contextmanager
@@ -223,27 +370,50 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _key_header(key: bytes | None) -> bytes | None:
+    return wire_header(key) if key else None
+
+
+def _same_key_schema(key: bytes | None, header: bytes | None) -> bool:
+    if not key:
+        return header is None
+    return header is not None and key.startswith(header)  # headers have a fixed length
+
+
 def _decode_native(
-    batch: pa.RecordBatch | pa.Table, schema_of: SchemaLookup
+    batch: pa.RecordBatch | pa.Table, schema_of: SchemaLookup, with_keys: bool
 ) -> list[NativeChanges]:
     values = batch.column("value").to_pylist()
     topics = batch.column("topic").to_pylist()
     partitions = batch.column("partition").to_pylist()
     offsets = batch.column("offset").to_pylist()
-    groups: dict[tuple[str, bytes], _Group] = {}
+    read_keys = with_keys and "key" in batch.schema.names
+    keys: list[bytes | None] = (
+        batch.column("key").to_pylist() if read_keys else [None] * len(values)
+    )
+    # Grouped by key schema too: a table's identity can change (a primary key
+    # added) while its row schema stays the same.
+    groups: dict[tuple[str, bytes, bytes | None], _Group] = {}
     group: _Group | None = None
     for i, value in enumerate(values):
         if value is None:
             continue  # tombstone
         topic = topics[i]
+        key = keys[i]
         try:
-            # Consecutive messages mostly share topic and writer schema.
-            if group is None or topic != group.topic or not value.startswith(group.header):
+            # Consecutive messages mostly share topic, writer and key schema.
+            if (
+                group is None
+                or topic != group.topic
+                or not value.startswith(group.header)
+                or not _same_key_schema(key, group.key_header)
+            ):
                 header = wire_header(value)
-                group = groups.get((topic, header))
+                key_header = _key_header(key)
+                group = groups.get((topic, header, key_header))
                 if group is None:
-                    group = _Group(topic, header, _writer_for(header, schema_of))
-                    groups[(topic, header)] = group
+                    group = _Group(topic, header, _writer_for(header, schema_of), key_header)
+                    groups[(topic, header, key_header)] = group
             group.records.append(
                 schemaless_reader(
                     io.BytesIO(value[group.writer.header_length :]), group.writer.parsed, None
@@ -260,15 +430,32 @@ def _decode_native(
         g.offsets = [offsets[i] for i in g.rows]
     try:
         return [
-            NativeChanges(g.topic, g.header, g.writer.layout, g.table(), tuple(g.rows))
+            NativeChanges(
+                g.topic,
+                g.header,
+                g.writer.layout,
+                g.table(),
+                tuple(g.rows),
+                _identity(g, schema_of) if read_keys else None,
+            )
             for g in groups.values()
         ]
     except (KeyError, TypeError, ValueError, pa.ArrowException) as exc:
         # fastavro returned a record that does not fit the envelope shape.
         raise DefiniteError(
-            f"cannot decode {', '.join(sorted({t for t, _ in groups}))}: {exc}",
+            f"cannot decode {', '.join(sorted({t for t, *_ in groups}))}: {exc}",
             hint="the topic holds a message cdcd did not write",
         ) from exc
+
+
+def _identity(group: _Group, schema_of: SchemaLookup) -> tuple[str, ...] | None:
+    """The key columns of a group's messages: the key schema's, () for null keys of row
+    changes (a table without a key), None when only truncates (null keys) say nothing."""
+    if group.key_header is not None:
+        return key_columns(schema_of(group.key_header))
+    if any(record["op"] != "t" for record in group.records):
+        return ()
+    return None
 
 
 # ----------------------------------------------------------------------------- one topic
@@ -330,7 +517,7 @@ def decode_batch(batch: pa.RecordBatch | pa.Table, plan: DecodePlan) -> pa.Recor
     reader = plan.layout
     parts = [
         (native.rows, to_reader(native.changes, native.layout, reader, plan.topic))
-        for native in decode_native(batch, plan.schema_of)
+        for native in decode_native(batch, plan.schema_of, keys=False)
         if native.topic == plan.topic
     ]
     schema = changes_arrow_schema(reader)
@@ -358,11 +545,12 @@ def decode_arrow(batches: Iterable[pa.RecordBatch], plan: DecodePlan) -> Iterato
 # ----------------------------------------------------------------------------- all topics at once
 
 #: One row per (input batch, topic, writer schema): the decoded changes as an Arrow IPC stream.
-PAYLOAD_DDL = "topic string, header binary, payload binary"
+PAYLOAD_DDL = "topic string, header binary, identity string, payload binary"
 _PAYLOAD_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string()),
         pa.field("header", pa.binary()),
+        pa.field("identity", pa.string()),  # JSON list of key columns; null: unknown
         pa.field("payload", pa.binary()),
     ]
 )
@@ -375,29 +563,125 @@ def _ipc(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def reduce_native(native: NativeChanges, *, per_commit: bool = False) -> NativeChanges:
+    """``native``'s changes with each key's runs of upserts collapsed to their last one.
+
+    Exact for the mirror: per key (the message key; keyless changes are left
+    alone), consecutive inserts, reads and updates between two deletes
+    become the last of them, its unchanged TOAST columns filled from the run
+    (the stored row supplies the rest, as before), its operation the run's
+    first when that was an insert or read. Deletes stay (a key change's
+    create takes its TOAST values from the deleted row), and so does any run
+    holding a create with unchanged TOAST values (a key change's second
+    half). A key's changes all travel on one Kafka partition, so reducing
+    what one Spark task read loses nothing. ``per_commit``: runs end at a new
+    commit LSN (history tables keep one version per transaction).
+    """
+    identity = native.identity
+    changes = native.changes
+    if not identity or changes.num_rows < 2:
+        return native
+    meta = changes.select(["lsn", "seq", "op", "unchanged_toast"]).to_pydict()
+    lsns, seqs, ops, toasts = meta["lsn"], meta["seq"], meta["op"], meta["unchanged_toast"]
+    image = pc.if_else(pc.equal(changes.column("op"), "d"), changes.column("before"),
+                       changes.column("after"))  # fmt: skip
+    key_values = [pc.struct_field(image, name).to_pylist() for name in identity]
+    keys = [tuple(_hashable(v) for v in key) for key in zip(*key_values, strict=True)]
+    dropped: set[int] = set()
+    fills: dict[int, tuple[str, dict[str, Any]]] = {}  # kept change -> (op, TOAST values)
+    after = changes.column("after")
+
+    def finish(run: list[int]) -> None:
+        if len(run) < 2 or any(ops[i] == "c" and toasts[i] for i in run):
+            return
+        last = run[-1]
+        values: dict[str, Any] = {}
+        for column in toasts[last] or ():
+            for j in reversed(run[:-1]):
+                if column not in (toasts[j] or ()):
+                    values[column] = after[j].as_py()[column]
+                    break
+        op = ops[run[0]] if ops[run[0]] in ("c", "r") else ops[last]
+        if values or op != ops[last]:
+            fills[last] = (op, values)
+        dropped.update(run[:-1])
+
+    runs: dict[Any, list[int]] = {}
+    for i in sorted(range(changes.num_rows), key=lambda i: (lsns[i], seqs[i])):
+        if ops[i] not in ("c", "r", "u"):
+            finish(runs.pop(keys[i], []))
+            continue
+        run = runs.setdefault(keys[i], [])
+        if run and (lsns[run[-1]], seqs[run[-1]]) == (lsns[i], seqs[i]):
+            dropped.add(i)  # a repeat (the daemon replayed it)
+            continue
+        if per_commit and run and lsns[run[-1]] != lsns[i]:
+            finish(run)
+            run = runs[keys[i]] = []
+        run.append(i)
+    for run in runs.values():
+        finish(run)
+    if not dropped:
+        return native
+    kept = [i for i in range(changes.num_rows) if i not in dropped and i not in fills]
+    parts = [changes.take(pa.array(kept, pa.int64()))]
+    if fills:
+        rows = changes.take(pa.array(list(fills), pa.int64())).to_pylist()
+        for row, (op, values) in zip(rows, fills.values(), strict=True):
+            row["op"] = op
+            row["after"] = {**row["after"], **values}
+            row["unchanged_toast"] = [c for c in row["unchanged_toast"] or () if c not in values]
+        parts.append(pa.Table.from_pylist(rows, schema=changes.schema))
+    return replace(native, changes=pa.concat_tables(parts), rows=())
+
+
 def decode_payloads(
-    batches: Iterable[pa.RecordBatch], schema_of: SchemaLookup
+    batches: Iterable[pa.RecordBatch], schema_of: SchemaLookup, per_commit: bool = False
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body decoding every topic at once, each message with its writer schema.
 
     Tables have different columns, so their decoded changes travel as Arrow
     IPC payloads; :func:`read_payloads` turns them back into tables on the
     driver, which picks each table's reader layout once it has seen every
-    writer schema of the batch.
+    writer schema of the batch. Each task reduces what it read first
+    (:func:`reduce_native`): the driver receives at most the last change of
+    each key's run of upserts, deletes and keyless changes.
     """
+    decoded: dict[tuple[str, bytes, str | None], list[pa.Table]] = {}
+    first: dict[tuple[str, bytes, str | None], NativeChanges] = {}
     for batch in batches:
         if not batch.num_rows:
             continue
-        natives = decode_native(batch, schema_of)
-        if natives:
-            yield pa.RecordBatch.from_pydict(
-                {
-                    "topic": [n.topic for n in natives],
-                    "header": [n.header for n in natives],
-                    "payload": [_ipc(n.changes) for n in natives],
-                },
-                schema=_PAYLOAD_SCHEMA,
-            )
+        for native in decode_native(batch, schema_of):
+            group = (native.topic, native.header, _identity_text(native.identity))
+            first.setdefault(group, native)
+            decoded.setdefault(group, []).append(native.changes)
+    natives = [
+        reduce_native(
+            replace(first[g], changes=pa.concat_tables(t), rows=()), per_commit=per_commit
+        )
+        for g, t in decoded.items()
+    ]
+    if natives:
+        yield pa.RecordBatch.from_pydict(
+            {
+                "topic": [n.topic for n in natives],
+                "header": [n.header for n in natives],
+                "identity": [_identity_text(n.identity) for n in natives],
+                "payload": [_ipc(n.changes) for n in natives],
+            },
+            schema=_PAYLOAD_SCHEMA,
+        )
+
+
+def _identity_text(identity: tuple[str, ...] | None) -> str | None:
+    return None if identity is None else json.dumps(list(identity))
 
 
 def read_payloads(payloads: pa.Table, schema_of: SchemaLookup) -> dict[str, list[NativeChanges]]:
@@ -405,11 +689,13 @@ def read_payloads(payloads: pa.Table, schema_of: SchemaLookup) -> dict[str, list
     out: dict[str, list[NativeChanges]] = {}
     topics = payloads.column("topic").to_pylist()
     headers = payloads.column("header").to_pylist()
-    for i, (topic, header) in enumerate(zip(topics, headers, strict=True)):
+    identities = payloads.column("identity").to_pylist()
+    for i, (topic, header, identity) in enumerate(zip(topics, headers, identities, strict=True)):
         data = payloads.column("payload")[i].as_buffer()
         changes = pa.ipc.open_stream(data).read_all()
         layout = RowLayout.from_envelope(schema_of(header))
-        out.setdefault(topic, []).append(NativeChanges(topic, header, layout, changes, ()))
+        key = None if identity is None else tuple(json.loads(identity))
+        out.setdefault(topic, []).append(NativeChanges(topic, header, layout, changes, (), key))
     return out
 
 

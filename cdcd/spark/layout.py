@@ -38,14 +38,22 @@ date32; timestamp-micros -> timestamp[us, UTC]; local-timestamp-micros ->
 timestamp[us]; time-micros -> int64, microseconds since midnight; arrays ->
 lists with nullable elements, nested for more dimensions. Unions may list
 ``null`` first (``["null", T]``) or last (``[T, "null"]``, a column with a
-non-null default).
+non-null default). A union of several types (a column whose type changed
+lists every type it has had, the current one first) is the current type:
+:mod:`cdcd.spark.decode` converts values written in an older branch to it,
+exactly, like any other type change.
+
+Key columns are not taken from the row schema (a column's nullability says
+nothing about the key: a column that joins the key stays nullable so that
+older records resolve); they come from the message key's schema
+(:func:`key_columns`, :meth:`RowLayout.with_key`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
 from functools import lru_cache
 from typing import Any
@@ -61,6 +69,8 @@ __all__ = [
     "Column",
     "ColumnType",
     "RowLayout",
+    "arrow_column_type",
+    "avro_of",
     "changes_arrow_schema",
     "column_array",
     "column_sources",
@@ -68,8 +78,11 @@ __all__ = [
     "convert_column",
     "convert_rows",
     "default_array",
+    "key_columns",
+    "newest_branch",
     "row_schema_of",
     "to_reader",
+    "union_branches",
 ]
 
 MAX_SPARK_PRECISION = 38
@@ -138,15 +151,36 @@ _LOGICAL = {
 }
 
 
-def _non_null(avro: list[Any]) -> Any:
+def union_branches(avro: Any) -> list[Any] | None:
+    """The non-null branches of a field type that is a union of several types (a column
+    whose type changed keeps every type it has had); None for any other type."""
+    if not isinstance(avro, list):
+        return None
     branches = [b for b in avro if b != "null"]
-    if len(branches) != 1 or len(avro) > 2:
-        raise DefiniteError(f"unsupported Avro union {avro!r} in a row schema")
+    return branches if len(branches) > 1 else None
+
+
+def newest_branch(branches: list[Any]) -> Any:
+    """The branch holding the column's current type: the first one listed.
+
+    cdcd lists a column's current type first and appends the types it had
+    before (``["null", <current>, <earlier>...]``; with a fast default
+    ``[<current>, "null", ...]``), so older values keep their branch; they
+    are converted to the current type.
+    """
     return branches[0]
 
 
+def _non_null(avro: list[Any]) -> Any:
+    branches = [b for b in avro if b != "null"]
+    if not branches:
+        raise DefiniteError(f"unsupported Avro union {avro!r} in a row schema")
+    return newest_branch(branches)
+
+
 def column_type(avro: Any) -> ColumnType:
-    """The :class:`ColumnType` of an Avro field type as cdcd writes them."""
+    """The :class:`ColumnType` of an Avro field type as cdcd writes them (of a union of
+    several types: the newest, see :func:`newest_branch`)."""
     if isinstance(avro, list):
         return column_type(_non_null(avro))
     if isinstance(avro, str):
@@ -168,13 +202,49 @@ def column_type(avro: Any) -> ColumnType:
     raise DefiniteError(f"unsupported Avro type {avro!r} in a row schema")
 
 
+def arrow_column_type(kind: pa.DataType) -> ColumnType:
+    """The :class:`ColumnType` holding an Arrow type (Spark's Arrow types included)."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return ColumnType("array", item=arrow_column_type(kind.value_type))
+    if pa.types.is_decimal(kind):
+        return ColumnType("decimal", kind.precision, kind.scale)
+    if pa.types.is_timestamp(kind):
+        return ColumnType("timestamp" if kind.tz else "local_timestamp")
+    if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        return ColumnType("string")
+    if pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
+        return ColumnType("bytes")
+    for name, known in _ARROW.items():
+        if kind == known and name != "time":
+            return ColumnType(name)
+    raise DefiniteError(f"a column of Arrow type {kind} has no mirror type")
+
+
+def avro_of(ctype: ColumnType) -> Any:
+    """An Avro type whose :func:`column_type` is ``ctype``."""
+    if ctype.kind == "array":
+        assert ctype.item is not None
+        return {"type": "array", "items": ["null", avro_of(ctype.item)]}
+    if ctype.kind == "decimal":
+        return {"type": "bytes", "logicalType": "decimal",
+                "precision": ctype.precision, "scale": ctype.scale}  # fmt: skip
+    for (base, logical), kind in _LOGICAL.items():
+        if kind == ctype.kind:
+            return {"type": base, "logicalType": logical}
+    return ctype.kind
+
+
 # ----------------------------------------------------------------------------- layouts
 
 
 @dataclass(frozen=True)
 class Column:
     """One table column: PostgreSQL name, Avro field name, type, key membership,
-    Avro default (JSON text; None for no default or a null one) and earlier Avro names."""
+    Avro default (JSON text; None for no default or a null one) and earlier Avro names.
+
+    Key membership is not in the row schema: it comes from the message key
+    (:meth:`RowLayout.with_key`); layouts built from a row schema alone have none.
+    """
 
     name: str
     field: str
@@ -202,26 +272,48 @@ class RowLayout:
     columns: tuple[Column, ...]
 
     @classmethod
-    def from_envelope(cls, envelope: Mapping[str, Any]) -> RowLayout:
-        return cls.from_row(row_schema_of(envelope))
+    def from_envelope(cls, envelope: Mapping[str, Any], key: Sequence[str] = ()) -> RowLayout:
+        return cls.from_row(row_schema_of(envelope), key)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> RowLayout:
+    def from_row(cls, row: Mapping[str, Any], key: Sequence[str] = ()) -> RowLayout:
+        """The layout of a row record; ``key``: the PostgreSQL names of the key columns
+        (from the message key's schema, :func:`key_columns`), in key order."""
         columns = []
         for avro_field in row["fields"]:
-            avro_type = avro_field["type"]
             columns.append(
                 Column(
                     name=str(avro_field.get(ORIGINAL_NAME_ATTRIBUTE, avro_field["name"])),
                     field=str(avro_field["name"]),
-                    type=column_type(avro_type),
-                    # cdcd makes key columns required and every other column a union with null.
-                    key=not isinstance(avro_type, list),
+                    type=column_type(avro_field["type"]),
+                    key=False,
                     default=_default_text(avro_field),
                     aliases=tuple(str(a) for a in avro_field.get("aliases") or ()),
                 )
             )
-        return cls(tuple(columns))
+        return cls(tuple(columns)).with_key(key)
+
+    def with_key(self, key: Sequence[str]) -> RowLayout:
+        """This layout with ``key`` (PostgreSQL column names) as its key columns.
+
+        A key column the row lacks is an error: the message key and the row
+        record of one change always agree.
+        """
+        wanted = set(key)
+        missing = wanted - set(self.names)
+        if missing:
+            raise DefiniteError(
+                f"key column(s) {', '.join(sorted(missing))} are not columns of the row"
+            )
+        columns = tuple(replace(c, key=c.name in wanted) for c in self.columns)
+        if columns == self.columns:
+            return self
+        return RowLayout(columns)
+
+    @property
+    def shape(self) -> RowLayout:
+        """The layout without key membership: what decoding and conversions depend on."""
+        return self.with_key(())
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -231,11 +323,46 @@ class RowLayout:
     def key_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.key)
 
+    @classmethod
+    def from_arrow(cls, row: pa.StructType | pa.Schema, key: Sequence[str] = ()) -> RowLayout:
+        """The layout of Arrow rows (a DataFrame's), each column by its Arrow type."""
+        columns = tuple(
+            Column(name=f.name, field=f.name, type=arrow_column_type(f.type), key=False)
+            for f in row
+        )
+        return cls(columns).with_key(key)
+
+    def envelope(self, name: str = "Envelope") -> dict[str, Any]:
+        """A minimal envelope schema whose row record is this layout (key not included)."""
+        fields = [
+            {"name": c.field, ORIGINAL_NAME_ATTRIBUTE: c.name, "type": ["null", avro_of(c.type)],
+             "default": None}
+            for c in self.columns
+        ]  # fmt: skip
+        row = {"type": "record", "name": "Value", "fields": fields}
+        return {
+            "type": "record",
+            "name": name,
+            "fields": [
+                {"name": "before", "type": ["null", row], "default": None},
+                {"name": "after", "type": ["null", "Value"], "default": None},
+            ],
+        }
+
     def arrow_type(self) -> pa.StructType:
         return pa.struct([pa.field(c.name, c.type.arrow()) for c in self.columns])
 
     def arrow_schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.type.arrow()) for c in self.columns])
+
+
+def key_columns(key_schema: Mapping[str, Any]) -> tuple[str, ...]:
+    """The PostgreSQL names of the columns of a message key's record schema, in key order."""
+    if key_schema.get("type") != "record":
+        raise DefiniteError(f"message key schema {key_schema.get('name', '?')} is not a record")
+    return tuple(
+        str(f.get(ORIGINAL_NAME_ATTRIBUTE, f["name"])) for f in key_schema.get("fields", ())
+    )
 
 
 def row_schema_of(envelope: Mapping[str, Any]) -> dict[str, Any]:
@@ -511,7 +638,7 @@ def convert_rows(
     """A struct array of ``writer`` rows as ``reader`` rows (see the module docstring)."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
-    if writer == reader:
+    if writer.shape == reader.shape:
         return array
     converted = convert_columns(array.flatten(), len(array), writer, reader, topic or "a topic")
     return pa.StructArray.from_arrays(
@@ -521,7 +648,7 @@ def convert_rows(
 
 def to_reader(changes: pa.Table, writer: RowLayout, reader: RowLayout, topic: str = "") -> pa.Table:
     """Decoded changes in ``writer``'s layout, converted to ``reader``'s."""
-    if writer == reader:
+    if writer.shape == reader.shape:
         return changes
     schema = changes_arrow_schema(reader)
     arrays = [changes.column(name) for name, _ in CHANGE_COLUMNS]

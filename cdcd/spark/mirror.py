@@ -39,6 +39,12 @@ at exactly those versions. Directories starting with ``_`` are not part of
 the table for Delta readers, nor removed by VACUUM. A crash before the
 commit leaves unreferenced files only.
 
+Identity: each change is matched by the key of its Kafka message (or the
+whole row for a null key); a batch that changes a table's key reads the
+stored rows once and writes the table back in the commit that records the
+new key. History tables (``--history``, :mod:`cdcd.spark.history`) are
+committed before their table, each commit with the batch's ``txn``.
+
 Schema changes: a new column without a default is added by Delta schema
 evolution within the MERGE; anything else (a default for existing rows, a
 rename, a drop, a type change, a table recreated with other columns)
@@ -52,15 +58,17 @@ written ``%2F`` and ``%25`` in directory names, and a leading ``.`` as
 from __future__ import annotations
 
 import bisect
+import gc
 import json
 import logging
 import os
 import queue
 import signal
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -69,17 +77,20 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
+from cdcd.naming import matches_table, parse_table, table_globs
 from cdcd.spark.apply import (
     AGE,
     DEFERRALS,
     META_LSN,
     META_SEQ,
     ApplyStats,
+    Event,
     Stored,
     TableState,
     Version,
     apply_batch,
     conform,
+    distinct_identities,
     empty_rows,
     evolve,
     reader_changes,
@@ -87,7 +98,20 @@ from cdcd.spark.apply import (
     table_dir_name,
 )
 from cdcd.spark.decode import PAYLOAD_DDL, NativeChanges, decode_payloads, read_payloads
-from cdcd.spark.layout import RowLayout, changes_arrow_schema, to_reader
+from cdcd.spark.history import (
+    END_AT,
+    END_LSN,
+    HISTORY_COLUMNS,
+    IS_CURRENT,
+    OP,
+    START_AT,
+    START_LSN,
+    HistoryDelta,
+    history_delta,
+    history_schema,
+    valid_at,
+)
+from cdcd.spark.layout import RowLayout, changes_arrow_schema, convert_columns, to_reader
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -112,6 +136,9 @@ FORMAT = 2
 METADATA_KEY = "cdcd.mirror"
 PENDING_DIR = "_cdcd_pending"
 RECENT_DIR = "_cdcd_recent_deletes"
+#: The history table of a table (``--history``), inside its directory.
+HISTORY_DIR = "_history"
+HISTORY_KEY = "cdcd.history"
 #: delta-rs splits written data into files of about this size: small enough
 #: that a MERGE of a few keys rewrites little, large enough for scans.
 TARGET_FILE_SIZE_BYTES = 32 * 1024 * 1024
@@ -119,7 +146,8 @@ TARGET_FILE_SIZE_BYTES = 32 * 1024 * 1024
 STATS_PREFIX = 32
 #: Fault injection for the crash tests: ``before-merge``, ``in-merge`` (SIGKILL
 #: once a data file of the MERGE exists but is not committed) or ``after-merge``,
-#: optionally ``:<batch id>``.
+#: and the same for the history table's commit (``before-history``,
+#: ``in-history``, ``after-history``), optionally ``:<batch id>``.
 FAULT_ENV = "CDCD_MIRROR_FAULT"
 
 # The row versions' column names (SPEC §8; :func:`read_mirror` drops them).
@@ -140,14 +168,69 @@ def table_uri(root: str, schema: str, table: str) -> str:
 
 
 def read_mirror(
-    uri: str, *, storage_options: Mapping[str, str] | None = None, version: int | None = None
+    uri: str,
+    *,
+    storage_options: Mapping[str, str] | None = None,
+    version: int | None = None,
+    timestamp: str | datetime | None = None,
+    as_of_lsn: int | str | None = None,
 ) -> pa.Table:
-    """A mirrored table as PostgreSQL shows it: its columns, without the row versions."""
+    """A mirrored table as PostgreSQL shows it: its columns, without the row versions.
+
+    ``version`` / ``timestamp`` (a datetime or RFC 3339 text): the table as
+    that Delta version, or the newest one at that time, held it (time travel,
+    back to what ``--vacuum`` kept). ``as_of_lsn`` (a commit LSN, as a number
+    or ``X/XXXXXXXX``): the table as PostgreSQL held it when the transaction
+    with that commit LSN committed, from the table's history table (``cdcd
+    mirror --history``); with ``version``/``timestamp``, from that version of
+    the history.
+    """
     from deltalake import DeltaTable
 
-    table = DeltaTable(uri, version=version, storage_options=dict(storage_options or {}))
-    data = table.to_pyarrow_dataset().to_table()
-    return data.drop_columns([c for c in (META_LSN, META_SEQ) if c in data.column_names])
+    options = dict(storage_options or {})
+    target = f"{uri.rstrip('/')}/{HISTORY_DIR}" if as_of_lsn is not None else uri
+    if as_of_lsn is not None and not DeltaTable.is_deltatable(target, storage_options=options):
+        raise DefiniteError(
+            f"{uri} has no history table", hint="run cdcd mirror with --history for it"
+        )
+    table = DeltaTable(target, version=version, storage_options=options)
+    if timestamp is not None:
+        table.load_as_version(timestamp)
+    data = _read_all(table)
+    del table  # see _read_all
+    gc.collect()
+    if as_of_lsn is not None:
+        lsn = lsn_value(as_of_lsn)
+        data = valid_at(data, lsn)
+        hidden = [name for name, _ in HISTORY_COLUMNS]
+    else:
+        hidden = [META_LSN, META_SEQ]
+    return data.drop_columns([c for c in hidden if c in data.column_names])
+
+
+def lsn_value(lsn: int | str) -> int:
+    """A commit LSN as the bigint the history tables hold (``X/XXXXXXXX`` text too)."""
+    if isinstance(lsn, int):
+        return lsn
+    high, sep, low = lsn.partition("/")
+    try:
+        return (int(high, 16) << 32) | int(low, 16) if sep else int(lsn)
+    except ValueError:
+        raise ConfigError(f"{lsn!r} is not an LSN (X/XXXXXXXX or a number)") from None
+
+
+def _read_all(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
+    """Every row of a Delta table version.
+
+    The pyarrow dataset is dropped (and collected) before returning: left for
+    the interpreter's exit, its threads can outlive Arrow's and abort the
+    process (``terminate called without an active exception``).
+    """
+    dataset = table.to_pyarrow_dataset()
+    data = dataset.to_table(columns=columns)
+    del dataset
+    gc.collect()
+    return data
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -161,6 +244,13 @@ def _ident(name: str) -> str:
 def _older_sql(alias: str, version: Version) -> str:
     lsn, seq = f"{alias}.{_ident(META_LSN)}", f"{alias}.{_ident(META_SEQ)}"
     return f"({lsn} < {version[0]} OR ({lsn} = {version[0]} AND {seq} < {version[1]}))"
+
+
+def _rekeys(stored: TableState, state: TableState, changes: pa.Table) -> bool:
+    """Whether a batch changes the table's key, or holds changes written under another."""
+    if stored.key != state.key:
+        return True
+    return any(k is not None and k != state.key for k in distinct_identities(changes))
 
 
 def _only_added_plain_columns(old: RowLayout, new: RowLayout) -> bool:
@@ -197,13 +287,36 @@ def _kill_self(reason: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _kill_on_uncommitted_file(path: str, known: set[str], done: threading.Event) -> None:
-    """SIGKILL this process as soon as a data file not in ``known`` appears in ``path``."""
-    while not done.is_set():
-        for entry in os.scandir(path):
-            if entry.name.endswith(".parquet") and entry.name not in known:
-                _kill_self(f"with {entry.name} written but not committed")
-        time.sleep(0.0002)
+@contextmanager
+def _killed_before_commit(
+    uri: str, armed: bool, storage_options: Mapping[str, str]
+) -> Iterator[None]:
+    """While armed, SIGKILL this process after the write inside has its data files but no commit.
+
+    The next version's log entry is taken by a directory first, so delta-rs
+    writes the data files and then fails to commit, every time (a thread
+    watching for new files raced the commit and sometimes lost). The blocker
+    goes before the kill: what is left is exactly a crash between the data
+    files and the commit. Only for an existing local table.
+    """
+    if not armed or not is_local(uri):
+        yield
+        return
+    from deltalake import DeltaTable
+
+    path = _local_path(uri)
+    if not DeltaTable.is_deltatable(path):
+        raise ConfigError(f"{FAULT_ENV}: in-* faults need an existing table at {path}")
+    version = DeltaTable(path, storage_options=dict(storage_options)).version()
+    blocker = os.path.join(path, "_delta_log", f"{version + 1:020d}.json")
+    os.mkdir(blocker)
+    try:
+        yield
+    except Exception:  # noqa: BLE001 - the blocked commit's failure is the point: die here
+        os.rmdir(blocker)
+        _kill_self("with the data files written but not committed")
+    os.rmdir(blocker)
+    raise RuntimeError(f"{FAULT_ENV}: the commit of {path} was not blocked")
 
 
 # ----------------------------------------------------------------------------- store
@@ -219,6 +332,67 @@ class Mirrored:
     recent_version: int | None = None
     #: The highest Spark batch applied under the current app id (-1: none).
     applied_batch: int = -1
+
+
+@dataclass(frozen=True)
+class HistoryOptions:
+    """Which tables get a history table (:mod:`cdcd.spark.history`), and for which the
+    changes to some columns only update the current version (``track_history_column_list``)."""
+
+    all_tables: bool = False
+    #: ``schema.table`` names or patterns (``public.*``) of ``postgres.tables``.
+    patterns: tuple[str, ...] = ()
+    #: (name or pattern, the columns whose changes start a new version); the first
+    #: entry that matches a table applies.
+    tracked: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def enabled(self, name: str) -> bool:
+        return self.all_tables or any(_matches(p, name) for p in self.patterns)
+
+    def tracked_columns(self, name: str) -> tuple[str, ...] | None:
+        return next((columns for p, columns in self.tracked if _matches(p, name)), None)
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Whether the ``postgres.tables`` entry ``pattern`` names the table ``name``
+    (``schema.table``, unquoted)."""
+    schema, _, table = name.partition(".")
+    globs = table_globs(pattern)
+    if globs is not None:
+        return matches_table(globs, schema, table)
+    return parse_table(pattern, default_schema="public") == (schema, table)
+
+
+@dataclass
+class HistoryTable:
+    """A table's history table (:mod:`cdcd.spark.history`) between batches."""
+
+    uri: str
+    #: The layout its rows follow (recorded in its commits); None: not written yet.
+    layout: RowLayout | None
+    #: The highest Spark batch applied under the current app id (-1: none).
+    applied_batch: int
+
+
+MATCH_LSN = "__cdcd_match_lsn"
+MATCH_SEQ = "__cdcd_match_seq"
+KIND = "__cdcd_kind"
+
+
+def _with_match(
+    table: pa.Table, lsns: list[int] | None, seqs: list[int] | None, kind: str
+) -> pa.Table:
+    """``table`` plus the MERGE's match columns (the stored version to match) and kind."""
+    count = table.num_rows
+    return (
+        table.append_column(
+            MATCH_LSN, pa.array(lsns if lsns is not None else [None] * count, pa.int64())
+        )
+        .append_column(
+            MATCH_SEQ, pa.array(seqs if seqs is not None else [None] * count, pa.int64())
+        )
+        .append_column(KIND, pa.array([kind] * count, pa.string()))
+    )
 
 
 @dataclass
@@ -241,6 +415,10 @@ class MirrorStore:
         self.storage_options = dict(storage_options or {})
         self.app_id = app_id
         self.tables: dict[str, Mirrored] = {}  # by topic
+        #: Tables kept elsewhere than under ``root`` (topic -> URI), and history
+        #: tables elsewhere than in their table's ``_history`` (table URI -> URI).
+        self.locations: dict[str, str] = {}
+        self.history_locations: dict[str, str] = {}
 
     @property
     def checkpoint(self) -> str:
@@ -312,7 +490,11 @@ class MirrorStore:
     def load(self, topic: str, schema: str, table: str) -> Mirrored | None:
         if topic in self.tables:
             return self.tables[topic]
-        return self.load_uri(table_uri(self.root, schema, table))
+        return self.load_uri(self.locations.get(topic) or table_uri(self.root, schema, table))
+
+    def uri_for(self, state: TableState) -> str:
+        """Where the table of ``state`` is (or will be) kept."""
+        return self.locations.get(state.topic) or table_uri(self.root, state.schema, state.table)
 
     # ------------------------------------------------------------------ side tables
 
@@ -427,6 +609,15 @@ class MirrorStore:
             if table.num_rows:
                 found.append(table)
         return pa.concat_tables(found) if found else schema.empty_table()
+
+    def all_rows(self, mirrored: Mirrored) -> pa.Table:
+        """Every stored row, in the layout the table was written with."""
+        schema = state_schema(mirrored.state.layout)
+        try:
+            data = _read_all(self._delta(mirrored.uri))
+        except (OSError, pa.ArrowException) as exc:
+            raise DefiniteError(f"cannot read the mirror in {mirrored.uri}: {exc}") from exc
+        return conform(data, schema, "stored rows")
 
     def stored_rows(self, mirrored: Mirrored) -> Iterator[pa.RecordBatch]:
         """The stored rows in record batches, read by a thread of their own.
@@ -545,19 +736,17 @@ class MirrorStore:
         evolve_schema: bool,
         fault: _Fault | None = None,
         fresh: bool = False,
+        overwrite: bool = False,
     ) -> Mirrored:
         """One commit: ``upserts`` and ``deletes`` by identity, a truncate, and the progress.
 
         ``fresh``: the table holds no row with the identity of any upsert (the
-        caller read the touched rows and found none).
+        caller read the touched rows and found none). ``overwrite``: ``upserts``
+        are all the table's rows (a re-keyed table), written in place of the old ones.
         """
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        uri = (
-            mirrored.uri
-            if mirrored is not None
-            else table_uri(self.root, state.schema, state.table)
-        )
+        uri = mirrored.uri if mirrored is not None else self.uri_for(state)
         updated = Mirrored(
             state,
             uri,
@@ -578,21 +767,20 @@ class MirrorStore:
         )
         if fault is not None and fault.armed("before-merge", batch_id):
             _kill_self("before the MERGE")
-        watcher = None
-        if fault is not None and fault.armed("in-merge", batch_id) and is_local(uri):
-            path = _local_path(uri)
-            known = set(os.listdir(path)) if os.path.isdir(path) else set()
-            os.makedirs(path, exist_ok=True)
-            done = threading.Event()
-            watcher = (
-                threading.Thread(
-                    target=_kill_on_uncommitted_file, args=(path, known, done), daemon=True
-                ),
-                done,
-            )
-            watcher[0].start()
-        try:
-            if mirrored is None or append_only:
+        with _killed_before_commit(
+            uri, fault is not None and fault.armed("in-merge", batch_id), self.storage_options
+        ):
+            if overwrite:
+                write_deltalake(
+                    uri,
+                    upserts,
+                    mode="overwrite",
+                    schema_mode="overwrite",
+                    storage_options=self.storage_options,
+                    target_file_size=TARGET_FILE_SIZE_BYTES,
+                    commit_properties=commit,
+                )
+            elif mirrored is None or append_only:
                 # A new table, or rows none of whose keys are stored: a plain
                 # write of what the batch left (a MERGE would join the table).
                 write_deltalake(
@@ -605,10 +793,6 @@ class MirrorStore:
                 )
             else:
                 self._merge(updated, upserts, deletes, truncate, evolve_schema, commit)
-        finally:
-            if watcher is not None:
-                watcher[1].set()
-                watcher[0].join()
         if fault is not None and fault.armed("after-merge", batch_id):
             _kill_self("after the MERGE commit")
         self.tables[state.topic] = updated
@@ -689,6 +873,218 @@ class MirrorStore:
             commit_properties=commit,
         )
 
+    # ------------------------------------------------------------------ history tables
+
+    def history(self, uri: str) -> HistoryTable:
+        """The history table of the mirrored table at ``uri`` (it may not exist yet)."""
+        from deltalake import DeltaTable
+
+        target = self.history_locations.get(uri) or f"{uri.rstrip('/')}/{HISTORY_DIR}"
+        if not DeltaTable.is_deltatable(target, storage_options=self.storage_options):
+            return HistoryTable(target, None, -1)
+        delta = self._delta(target)
+        layout = None
+        for entry in delta.history():  # newest first
+            text = entry.get(HISTORY_KEY)
+            if text:
+                document = json.loads(text)
+                layout = RowLayout.from_envelope(document["envelope"])
+                break
+        if layout is None:
+            raise DefiniteError(
+                f"{target} is a Delta table that cdcd mirror did not write",
+                hint="move it away or choose another --output",
+            )
+        return HistoryTable(target, layout, self._applied(delta))
+
+    def _history_commit(self, state: TableState, batch_id: int | None, kind: str) -> Any:
+        from deltalake import CommitProperties, Transaction
+
+        document = {
+            "format": FORMAT,
+            "kind": kind,
+            "app": self.app_id,
+            "batch": batch_id,
+            "envelope": state.envelope,
+        }
+        return CommitProperties(
+            custom_metadata={HISTORY_KEY: json.dumps(document, sort_keys=True)},
+            app_transactions=[Transaction(self.app_id, batch_id)] if batch_id is not None else None,
+        )
+
+    def seed_history(self, history: HistoryTable, mirrored: Mirrored) -> HistoryTable:
+        """Start the history of a table mirrored without one: each stored row is the
+        current version (its start is the change that wrote it; its time unknown)."""
+        from deltalake import write_deltalake
+
+        layout = mirrored.state.layout
+        rows = self.all_rows(mirrored)
+        count = rows.num_rows
+        versions = rows.drop_columns([META_LSN, META_SEQ])
+        for name, kind in HISTORY_COLUMNS:
+            if name == START_LSN:
+                column: pa.Array | pa.ChunkedArray = rows.column(META_LSN)
+            elif name == IS_CURRENT:
+                column = pa.array([True] * count, pa.bool_())
+            elif name in (META_LSN, META_SEQ):
+                column = rows.column(name)
+            else:
+                column = pa.nulls(count, kind)
+            versions = versions.append_column(pa.field(name, kind), column)
+        write_deltalake(
+            history.uri,
+            versions.cast(history_schema(layout)),
+            mode="overwrite",
+            storage_options=self.storage_options,
+            target_file_size=TARGET_FILE_SIZE_BYTES,
+            commit_properties=self._history_commit(mirrored.state, None, "seed"),
+        )
+        log.info("%s: history started from the %d stored rows", mirrored.state.name, count)
+        return replace(history, layout=layout)
+
+    def _evolve_history(
+        self, history: HistoryTable, state: TableState
+    ) -> tuple[HistoryTable, bool]:
+        """The history table in ``state``'s layout: (table, whether the write must merge
+        the schema). Anything but added plain columns rewrites it once."""
+        from deltalake import write_deltalake
+
+        old, new = history.layout, state.layout.shape
+        assert old is not None
+        if old == new:
+            return history, False
+        if _only_added_plain_columns(old, new):
+            return replace(history, layout=new), True
+        data = _read_all(self._delta(history.uri))
+        rows = conform(data, history_schema(old), "history rows")
+        columns = [rows.column(c.name) for c in old.columns]
+        converted = convert_columns(columns, rows.num_rows, old, new, f"history of {state.name}")
+        extra = [rows.column(name) for name, _ in HISTORY_COLUMNS]
+        table = pa.Table.from_arrays(converted + extra, schema=history_schema(new))
+        write_deltalake(
+            history.uri,
+            table,
+            mode="overwrite",
+            schema_mode="overwrite",
+            storage_options=self.storage_options,
+            target_file_size=TARGET_FILE_SIZE_BYTES,
+            commit_properties=self._history_commit(state, None, "rewrite"),
+        )
+        log.info("%s: history rewritten for its new layout", state.name)
+        return replace(history, layout=new), False
+
+    def write_history(
+        self, history: HistoryTable, state: TableState, batch_id: int, delta: HistoryDelta
+    ) -> HistoryTable:
+        """One commit of the history table: the versions a batch starts, ends and updates,
+        with the batch's transaction id (a replayed batch is skipped)."""
+        from deltalake import write_deltalake
+
+        layout = state.layout
+        schema = history_schema(layout)
+        merge_schema = False
+        if history.layout is not None:
+            history, merge_schema = self._evolve_history(history, state)
+        commit = self._history_commit(state, batch_id, "batch")
+        inserts = pa.concat_tables(
+            [pa.Table.from_pylist(delta.inserts, schema=schema)]
+            + [conform(bulk, schema, "new versions") for bulk in delta.bulk]
+        )
+        updates = pa.Table.from_pylist(list(delta.updates.values()), schema=schema)
+        matched = [
+            _with_match(
+                updates, [v[0] for v in delta.updates], [v[1] for v in delta.updates], "upd"
+            )
+        ]
+        if delta.truncate is not None and history.layout is not None:
+            matched.append(self._truncated(history, delta, schema))
+        source = pa.concat_tables(matched + [_with_match(inserts, None, None, "ins")])
+        done = replace(history, layout=layout.shape, applied_batch=batch_id)
+        to_match = sum(t.num_rows for t in matched)
+        if history.layout is None or not to_match:
+            write_deltalake(
+                history.uri,
+                inserts,
+                mode="append",
+                schema_mode="merge" if merge_schema else None,
+                storage_options=self.storage_options,
+                target_file_size=TARGET_FILE_SIZE_BYTES,
+                commit_properties=commit,
+            )
+            return done
+        on = (
+            f"t.{_ident(META_LSN)} = s.{_ident(MATCH_LSN)} AND "
+            f"t.{_ident(META_SEQ)} = s.{_ident(MATCH_SEQ)} AND t.{_ident(IS_CURRENT)}"
+        )
+        bounds = _range_condition("t", META_LSN, pa.concat_tables(matched).column(MATCH_LSN))
+        if bounds:
+            on = f"{bounds} AND {on}"
+        extra = [MATCH_LSN, MATCH_SEQ, KIND]
+        closing = {n: f"s.{_ident(n)}" for n in (END_LSN, END_AT, IS_CURRENT)}
+        (
+            self._delta(history.uri)
+            .merge(
+                source,
+                on,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=merge_schema,
+                commit_properties=commit,
+            )
+            # A version ended by the transaction that started it never existed.
+            .when_matched_delete(
+                f"s.{_ident(END_LSN)} IS NOT NULL AND t.{_ident(START_LSN)} >= s.{_ident(END_LSN)}"
+            )
+            .when_matched_update_all(
+                f"s.{_ident(KIND)} = 'upd'",
+                except_cols=[START_LSN, START_AT, OP, *extra],
+            )
+            .when_matched_update(closing, f"s.{_ident(KIND)} = 'close'")
+            .when_not_matched_insert_all(f"s.{_ident(KIND)} = 'ins'", except_cols=extra)
+            .execute()
+        )
+        return done
+
+    def _truncated(self, history: HistoryTable, delta: HistoryDelta, schema: pa.Schema) -> pa.Table:
+        """Source rows ending, at the batch's first truncate, the current versions it
+        leaves untouched that are older than it."""
+        assert delta.truncate is not None
+        version, at = delta.truncate
+        data = _read_all(self._delta(history.uri), [META_LSN, META_SEQ, IS_CURRENT])
+        data = data.filter(pc.equal(data.column(IS_CURRENT), True))
+        data = data.filter(_older_mask(data.column(META_LSN), data.column(META_SEQ), version))
+        touched = set(delta.updates)
+        keep = [
+            (lsn, seq) not in touched
+            for lsn, seq in zip(
+                data.column(META_LSN).to_pylist(), data.column(META_SEQ).to_pylist(), strict=True
+            )
+        ]
+        data = data.filter(pa.array(keep, pa.bool_()))
+        count = data.num_rows
+        closes = schema.empty_table().to_pydict()
+        base = pa.Table.from_pydict(
+            {
+                name: (
+                    pa.array([version[0]] * count, pa.int64())
+                    if name == END_LSN
+                    else pa.array([at] * count, schema.field(name).type)
+                    if name == END_AT
+                    else pa.array([False] * count, pa.bool_())
+                    if name == IS_CURRENT
+                    else pa.nulls(count, schema.field(name).type)
+                )
+                for name in closes
+            },
+            schema=schema,
+        )
+        return _with_match(
+            base,
+            data.column(META_LSN).to_pylist(),
+            data.column(META_SEQ).to_pylist(),
+            "close",
+        )
+
     # ------------------------------------------------------------------ maintenance
 
     def optimize(self, *, z_order: bool = True) -> dict[str, dict[str, Any]]:
@@ -711,6 +1107,12 @@ class MirrorStore:
                     target_size=TARGET_FILE_SIZE_BYTES, commit_properties=commit
                 )
             out[mirrored.state.name] = metrics
+            history = self.history(mirrored.uri)
+            if history.layout is not None:
+                self._delta(history.uri).optimize.compact(
+                    target_size=TARGET_FILE_SIZE_BYTES,
+                    commit_properties=self._history_commit(mirrored.state, None, "optimize"),
+                )
         return out
 
     def vacuum(self, retention_hours: int) -> dict[str, int]:
@@ -722,6 +1124,7 @@ class MirrorStore:
                 mirrored.uri,
                 f"{mirrored.uri}/{PENDING_DIR}",
                 f"{mirrored.uri}/{RECENT_DIR}",
+                f"{mirrored.uri}/{HISTORY_DIR}",
             ):
                 from deltalake import DeltaTable
 
@@ -752,7 +1155,9 @@ def _sql_literal(value: Any) -> str | None:
 def _range_condition(alias: str, name: str, values: pa.ChunkedArray | pa.Array) -> str | None:
     """``alias.name BETWEEN min AND max`` of ``values`` (integers and text only); None otherwise."""
     kind = values.type
-    if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if not (
+        pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    ):
         return None
     bounds = pc.min_max(values)
     low, high = _sql_literal(bounds["min"].as_py()), _sql_literal(bounds["max"].as_py())
@@ -895,6 +1300,11 @@ class MirrorJob:
     #: Set once the store's app id is known (the streaming query's id).
     ready: threading.Event = field(default_factory=threading.Event)
     fault: _Fault | None = field(default_factory=_Fault.from_env)
+    #: Which tables also get a history table (``--history``, per-table settings).
+    history: HistoryOptions = field(default_factory=lambda: HistoryOptions())
+    #: Per-partition high-water marks reject repeats (Kafka); off for sources whose
+    #: changes carry no partition order (:func:`cdcd.spark.autocdc.apply_changes`).
+    track_partitions: bool = True
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -917,8 +1327,11 @@ class MirrorJob:
         # Executors get the catalog with every schema published so far.
         self.catalog.refresh()
         schema_of = self.catalog.schema
+        # Executors reduce what they decode (runs of upserts per key); with
+        # history tables, to one change per key and transaction.
+        per_commit = self.history.all_tables or bool(self.history.patterns)
         payloads = raw.mapInArrow(
-            partial(decode_payloads, schema_of=schema_of), PAYLOAD_DDL
+            partial(decode_payloads, schema_of=schema_of, per_commit=per_commit), PAYLOAD_DDL
         ).toArrow()
         return self.apply(batch_id, read_payloads(payloads, schema_of))
 
@@ -961,13 +1374,28 @@ class MirrorJob:
         batch_id: int,
     ) -> tuple[int, str, ApplyStats]:
         store = self.store
+        first = natives[0].changes.slice(0, 1).to_pylist()[0] if natives else None
+        name = (
+            f"{first['source_schema']}.{first['source_table']}"
+            if first is not None
+            else mirrored.state.name
+            if mirrored is not None
+            else ""
+        )
+        history = self.history.enabled(name)
         if natives:
-            state, changes, dropped = reader_changes(
-                topic,
-                mirrored.state if mirrored is not None else None,
-                natives,
-                self.catalog.schema,
-            )
+            existing = mirrored.state if mirrored is not None else None
+            try:
+                state, changes, dropped = reader_changes(
+                    topic, existing, natives, self.catalog.schema, keep_truncated=history
+                )
+            except DefiniteError:
+                if not history:
+                    raise
+                # Changes before a DROP TABLE + CREATE TABLE need not fit the new table.
+                state, changes, dropped = reader_changes(
+                    topic, existing, natives, self.catalog.schema
+                )
         else:
             assert mirrored is not None
             state, dropped = mirrored.state, 0
@@ -986,7 +1414,20 @@ class MirrorJob:
                 truncate = (int(newest[0]), int(newest[1]))
         evolve_schema = False
         previous: RowLayout | None = None
-        if mirrored is not None and mirrored.state.layout != state.layout:
+        rekey = mirrored is not None and _rekeys(mirrored.state, state, changes)
+        if rekey:
+            # The key appeared, changed or went: every stored row is read, the
+            # batch applied with each change's own key, and the table written
+            # back in the commit that records the batch (and the new key).
+            assert mirrored is not None
+            previous = mirrored.state.layout
+            log.info(
+                "%s: key (%s) -> (%s), re-keying the mirror",
+                state.name,
+                ", ".join(mirrored.state.key) or "none",
+                ", ".join(state.key) or "none",
+            )
+        elif mirrored is not None and mirrored.state.layout != state.layout:
             if _only_added_plain_columns(mirrored.state.layout, state.layout):
                 # Delta adds the columns (null in stored rows) within the MERGE.
                 evolve_schema = True
@@ -1000,20 +1441,44 @@ class MirrorJob:
         else:
             side = store._read_side(mirrored)
             pending = _since(side.pending, truncate, "lsn", "seq")
-            touched = store.read_touched(mirrored, changes, pending)
+            touched = (
+                store.all_rows(mirrored)
+                if rekey
+                else store.read_touched(mirrored, changes, pending)
+            )
         fresh = touched.num_rows == 0
-        touched = _since(touched, truncate, META_LSN, META_SEQ)
-        assert touched is not None
         base_state = mirrored.state if mirrored is not None else state
+        # With history, the rows a truncate of this batch removes are kept
+        # until it comes (their versions end there).
+        touched = _since(
+            touched, base_state.truncated_at if history else truncate, META_LSN, META_SEQ
+        )
+        assert touched is not None
         state, result = apply_batch(
             replace(state, truncated_at=base_state.truncated_at, high_water=base_state.high_water),
             previous,
             Stored(touched, side.pending, side.recent),
             changes,
             dropped,
+            history=history,
         )
+        if not self.track_partitions:
+            state = replace(state, high_water={})
+        if history:
+            self._write_history(mirrored, state, batch_id, result.events or [])
+        if result.stats.unmatched:
+            log.warning(
+                "%s: %d update(s) or delete(s) in batch %d matched no row of the mirror "
+                "(a delete removed nothing, an update was kept as an insert)",
+                state.name,
+                result.stats.unmatched,
+                batch_id,
+            )
         identity = list(layout.key_names) or [META_LSN, META_SEQ]
-        upserts, deletes = _changed(touched, result.rows, identity)
+        if rekey:
+            upserts, deletes = result.rows, empty_rows(layout)
+        else:
+            upserts, deletes = _changed(touched, result.rows, identity)
         merge_truncate = (
             result.truncated_at
             if mirrored is not None and result.truncated_at != mirrored.state.truncated_at
@@ -1031,5 +1496,31 @@ class MirrorJob:
             evolve_schema=evolve_schema,
             fault=self.fault,
             fresh=fresh,
+            overwrite=rekey,
         )
         return changes.num_rows + dropped, state.name, result.stats
+
+    def _write_history(
+        self, mirrored: Mirrored | None, state: TableState, batch_id: int, events: list[Event]
+    ) -> None:
+        """Commit the batch's versions to the table's history table, before the table
+        itself: a batch replayed after a crash between the two skips what it finds done."""
+        store = self.store
+        uri = mirrored.uri if mirrored is not None else store.uri_for(state)
+        table = store.history(uri)
+        if table.applied_batch >= batch_id:
+            return
+        if table.layout is None and mirrored is not None:
+            table = store.seed_history(table, mirrored)
+        delta = history_delta(events, self.history.tracked_columns(state.name))
+        fault = self.fault
+        if fault is not None and fault.armed("before-history", batch_id):
+            _kill_self("before the history commit")
+        with _killed_before_commit(
+            table.uri,
+            fault is not None and fault.armed("in-history", batch_id),
+            store.storage_options,
+        ):
+            store.write_history(table, state, batch_id, delta)
+        if fault is not None and fault.armed("after-history", batch_id):
+            _kill_self("after the history commit")

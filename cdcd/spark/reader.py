@@ -31,7 +31,10 @@ columns added after the start are left out until the query is restarted.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,6 +48,8 @@ from cdcd.naming import split_table, table_topic_pattern
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "KAFKA_COLUMNS",
@@ -88,8 +93,25 @@ def register_source(spark: SparkSession) -> None:
     with _lock:
         key = _session_key(spark)
         if key not in _registered:
+            _check_workers(spark)
             spark.dataSource.register(CdcdKafkaDataSource)
             _registered.add(key)
+
+
+def _check_workers(spark: SparkSession) -> None:
+    """Warn when the session's Python workers run an interpreter other than this one
+    (a session started before ``cdcd.spark`` was imported, from a virtualenv that is
+    not activated): they may not find cdcd (``No module named 'cdcd'``)."""
+    worker = getattr(spark.sparkContext, "pythonExec", None)
+    if worker and os.path.realpath(str(worker)) != os.path.realpath(sys.executable):
+        log.warning(
+            "Spark's Python workers run %s, not %s: if they fail with "
+            "\"No module named 'cdcd'\", set PYSPARK_PYTHON=%s before starting the session "
+            "(or import cdcd.spark first)",
+            worker,
+            sys.executable,
+            sys.executable,
+        )
 
 
 def kafka_source_available(spark: SparkSession) -> bool:
@@ -209,8 +231,10 @@ def read_changes(
     ``startingOffsets`` (default earliest) and follow the topic. ``options``
     adds or overrides source options.
     """
-    from cdcd.spark.dataframes import decode_changes, header_summary
+    from cdcd.spark.autocdc import KEY_METADATA
+    from cdcd.spark.dataframes import decode_changes, header_summary, newest_key_header
     from cdcd.spark.decode import DecodePlan
+    from cdcd.spark.layout import key_columns
 
     if not isinstance(config, CdcdConfig):
         config = load_config(Path(config))
@@ -242,4 +266,11 @@ def read_changes(
             writers = {use.header: catalog.schema(use.header) for use in uses}
             reader = writers[max(uses, key=lambda use: use.version).header]
         plan = DecodePlan.build(topic, reader, writers, catalog.schema)
+        decoded = decode_changes(raw, plan)
+        # The key columns, for apply_changes' default keys (a batch read only:
+        # a streaming query cannot look at its data first).
+        header = newest_key_header(raw, topic)
+        key = key_columns(catalog.schema(header)) if header is not None else ()
+        metadata = {KEY_METADATA: json.dumps(list(key))}
+        return decoded.withMetadata("after", metadata).withMetadata("before", metadata)
     return decode_changes(raw, plan)

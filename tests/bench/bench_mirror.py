@@ -1,6 +1,7 @@
 """Cost of ``cdcd mirror``'s apply step on Delta tables of 1M and 10M rows (issue 17).
 
-Run: ``.venv/bin/python -m tests.bench.bench_mirror [--rows 1000000 10000000] [--dir D]``.
+Run: ``.venv/bin/python -m tests.bench.bench_mirror [--rows 1000000 10000000] [--dir D]
+[--history] [--changes 10000]``.
 Not a test, and not run by the suite.
 
 What is measured: :meth:`cdcd.spark.mirror.MirrorJob.apply` -- everything
@@ -24,6 +25,10 @@ For each table size, printed:
 
 Targets (issue 17): the recent-key batch at 10M rows within 2x of 1M;
 peak RSS below 2 GB at 10M rows, first build included.
+
+``--history`` (issue 28) keeps the history table too (``cdcd mirror
+--history``): the same figures then include writing every version.
+``--changes`` sets the size of the two update batches.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from spark.handbuilt import DECIMAL_12_2, TIMESTAMPTZ, column, envelope, key
 
 from cdcd.spark.decode import NativeChanges
 from cdcd.spark.layout import RowLayout, changes_arrow_schema
-from cdcd.spark.mirror import MirrorJob, MirrorStore
+from cdcd.spark.mirror import HistoryOptions, MirrorJob, MirrorStore
 
 TOPIC = "pg.public.t"
 ENVELOPE = envelope(
@@ -128,7 +133,9 @@ def _changes(layout: RowLayout, ids: np.ndarray, op: str, lsn: int, salt: int) -
 
 
 def _apply(job: MirrorJob, batch_id: int, changes: pa.Table, layout: RowLayout) -> None:
-    native = NativeChanges(TOPIC, b"bench", layout, changes, tuple(range(changes.num_rows)))
+    native = NativeChanges(
+        TOPIC, b"bench", layout.shape, changes, tuple(range(changes.num_rows)), layout.key_names
+    )
     job.apply(batch_id, {TOPIC: [native]})
 
 
@@ -136,13 +143,13 @@ def _files(root: Path) -> set[str]:
     return {p.name for p in (root / "public.t").glob("*.parquet")}
 
 
-def run(rows: int, directory: Path) -> None:
-    layout = RowLayout.from_envelope(ENVELOPE)
+def run(rows: int, directory: Path, history: bool = False, changes_count: int = CHANGES) -> None:
+    layout = RowLayout.from_envelope(ENVELOPE, ("id",))
     if directory.exists():
         shutil.rmtree(directory)
     store = MirrorStore(directory)
     store.open()
-    job = MirrorJob(store, _Catalog())  # type: ignore[arg-type]
+    job = MirrorJob(store, _Catalog(), history=HistoryOptions(all_tables=history))  # type: ignore[arg-type]
     batch_id = 0
     lsn = 1_000
     _reset_peak()
@@ -160,8 +167,11 @@ def run(rows: int, directory: Path) -> None:
     )
     rng = random.Random(17)
     for name, ids in (
-        ("recent keys", rng.sample(range(max(1, rows - 2 * CHANGES), rows + 1), CHANGES)),
-        ("random keys", rng.sample(range(1, rows + 1), CHANGES)),
+        (
+            "recent keys",
+            rng.sample(range(max(1, rows - 2 * changes_count), rows + 1), changes_count),
+        ),
+        ("random keys", rng.sample(range(1, rows + 1), changes_count)),
     ):
         changes = _changes(layout, np.array(sorted(ids), np.int64), "u", lsn, batch_id)
         before = _files(directory)
@@ -171,7 +181,7 @@ def run(rows: int, directory: Path) -> None:
         apply_s = time.monotonic() - started
         written = len(_files(directory) - before)
         print(
-            f"rows={rows:>10,}  {CHANGES:,} updates, {name}: {apply_s:6.2f} s  "
+            f"rows={rows:>10,}  {changes_count:,} updates, {name}: {apply_s:6.2f} s  "
             f"peak RSS {_peak_rss_mb():7.0f} MB  files written {written}",
             flush=True,
         )
@@ -183,12 +193,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--dir", type=Path, default=None, help="where the tables go (removed)")
+    parser.add_argument("--history", action="store_true", help="keep history tables too")
+    parser.add_argument("--changes", type=int, default=CHANGES, help="updates per update batch")
     args = parser.parse_args()
     print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} pyarrow={pa.__version__}")
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-mirror-"))
     try:
         for rows in args.rows:
-            run(rows, base / f"rows-{rows}")
+            run(rows, base / f"rows-{rows}", args.history, args.changes)
             shutil.rmtree(base / f"rows-{rows}", ignore_errors=True)
     finally:
         if args.dir is None:

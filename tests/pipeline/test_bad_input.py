@@ -84,7 +84,7 @@ def test_unreachable_postgres_is_exit_1(tmp_path: Path, broker) -> None:
     assert result.returncode == 1
     line = _one_line(result)
     assert "PostgreSQL unreachable" in line and "hunter2" not in result.stderr
-    assert "still failing after 4 s of retries at startup" in line, line
+    assert re.search(r"still failing after \d+ s of retries at startup", line), line
     assert time.monotonic() - started < 90
     check = _cdcd("check", "-c", str(_config(tmp_path, data)))
     assert check.returncode == 1 and "FAIL postgres" in check.stdout and "hunter2" not in check.stdout

@@ -5,12 +5,16 @@ PostgreSQL sends large transactions before they commit. cdcd buffers them
 happens) and publishes only at Stream Commit: an aborted streamed
 transaction publishes nothing, a rolled-back savepoint inside one publishes
 nothing of its rows, and a small transaction committing in the middle of a
-stream is published in its own commit order.
+stream is published in its own commit order. That the open transactions
+really spilled is checked (``cdcd_spill_bytes`` and a spill file held open in
+``spill_dir``), and that the files are gone afterwards.
 """
 
 from __future__ import annotations
 
-import time
+import os
+import re
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,16 +26,43 @@ pytestmark = pytest.mark.integration
 ROWS = 20_000
 
 
+def _spilled_bytes(daemon: DaemonProcess) -> float:
+    """The daemon's ``cdcd_spill_bytes`` gauge, scraped from its /metrics."""
+    found = re.search(r"serving /metrics.* listen=(\S+)", daemon.log())
+    if found is None:
+        return -1.0  # not serving yet
+    with urllib.request.urlopen(f"http://{found.group(1)}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    value = re.search(r"^cdcd_spill_bytes (\S+)$", text, re.MULTILINE)
+    assert value is not None, "no cdcd_spill_bytes gauge"
+    return float(value.group(1))
+
+
+def _spill_files(daemon: DaemonProcess, spill_dir: Path) -> list[str]:
+    """Files in ``spill_dir`` the daemon holds open (spill files have no name: O_TMPFILE)."""
+    held = []
+    for fd in Path(f"/proc/{daemon.pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        if target.startswith(str(spill_dir)):
+            held.append(target)
+    return held
+
+
 def test_streamed_commit_abort_and_subtransaction_abort(make_pg_cluster, broker, tmp_path: Path) -> None:
     cluster = make_pg_cluster(settings={"logical_decoding_work_mem": "64kB"})
     cluster.create_database("app")
     conn = cluster.connect("app")
     conn.cursor().execute("CREATE TABLE t(id int PRIMARY KEY, kind text, pad text)")
     slot = "cdcd_stream"
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
     config = write_config(
         tmp_path / "c.yaml", cluster.dsn("app"), broker.bootstrap_servers, prefix="stream", slot=slot,
         tables=["public.t"],
-        postgres={"protocol_version": 2, "stream_spill_bytes": 200_000, "spill_dir": str(tmp_path)},
+        postgres={"protocol_version": 2, "stream_spill_bytes": 200_000, "spill_dir": str(spill_dir)},
     )
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     try:
@@ -49,16 +80,24 @@ def test_streamed_commit_abort_and_subtransaction_abort(make_pg_cluster, broker,
         # A small transaction commits while the big one is still open (and streamed).
         conn.cursor().execute("INSERT INTO t VALUES (-1, 'small', '')")
         cur.execute("UPDATE t SET kind = 'updated' WHERE id BETWEEN 1 AND 10")
-        time.sleep(1)
+        # Streamed before its commit, and spilled past stream_spill_bytes.
+        wait_for(lambda: _spilled_bytes(daemon) > 200_000, timeout_s=120,
+                 what="the open streamed transaction to spill")
+        assert _spill_files(daemon, spill_dir), "spilled, but no spill file is open in spill_dir"
         big.commit()
+        wait_for(lambda: _spilled_bytes(daemon) == 0, timeout_s=120,
+                 what="the committed transaction's spill to be released")
 
         cur.execute("INSERT INTO t SELECT g, 'aborted', repeat('z', 50) FROM generate_series(%s, %s) g",
                     (3 * ROWS, 4 * ROWS))
-        time.sleep(1)
+        wait_for(lambda: _spilled_bytes(daemon) > 200_000, timeout_s=120,
+                 what="the transaction that will abort to spill")
         big.rollback()
         conn.cursor().execute("INSERT INTO t VALUES (-2, 'last', '')")
         target = current_wal_lsn(conn)
         wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120, what="catch-up")
+        wait_for(lambda: _spilled_bytes(daemon) == 0, timeout_s=60, what="the aborted spill released")
+        assert _spill_files(daemon, spill_dir) == [], "a spill file is still open"
         assert daemon.terminate() == 0, daemon.log()
     finally:
         if daemon.alive():
@@ -74,4 +113,4 @@ def test_streamed_commit_abort_and_subtransaction_abort(make_pg_cluster, broker,
     big_lsns = {c.lsn for c in changes if c.value["after"]["kind"] in ("committed", "updated")}
     assert len(big_lsns) == 1
     assert [c.seq for c in ordered if c.lsn in big_lsns] == list(range(ROWS + 10))
-    assert list(tmp_path.glob("cdcd-spill-*")) == []
+    assert list(spill_dir.iterdir()) == []  # nothing left behind by name either

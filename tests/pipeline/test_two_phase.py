@@ -8,7 +8,8 @@ arrive without its data.
 
 from __future__ import annotations
 
-import time
+from datetime import datetime
+from typing import Any
 
 import pytest
 from support.cdc import read_changes, wait_for
@@ -16,6 +17,14 @@ from support.kafka import consume_all
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 pytestmark = pytest.mark.integration
+
+
+def _status_after(pg: Any, slot: str, since: datetime) -> bool:
+    """Whether the walsender of ``slot`` got a standby status update after ``since``."""
+    rows = pg.fetchall(
+        "SELECT r.reply_time > %s FROM pg_stat_replication r JOIN pg_replication_slots s "
+        "ON s.active_pid = r.pid WHERE s.slot_name = %s", (since, slot))
+    return bool(rows and rows[0][0])
 
 
 def test_prepared_transactions_publish_once_at_commit_prepared(pg, broker, cdc_config, daemons) -> None:
@@ -31,10 +40,17 @@ def test_prepared_transactions_publish_once_at_commit_prepared(pg, broker, cdc_c
     cur.execute("BEGIN; INSERT INTO t VALUES (1, 'prepared-then-committed'); PREPARE TRANSACTION 'g1'")
     prepared_at = current_wal_lsn(conn)
     conn.cursor().execute("INSERT INTO t VALUES (100, 'later plain transaction')")
-    time.sleep(3)
-    # The later transaction is delivered, but confirmation is held before g1's PREPARE.
+    later_end = current_wal_lsn(conn)
+    consume_all(broker.bootstrap_servers, topic, expected=1)  # the later transaction is in Kafka
+    # ... and the daemon has since sent two status updates (the second one
+    # after the first), so it has had every chance to confirm the later
+    # transaction: confirmation must still be held before g1's PREPARE.
+    for _ in range(2):
+        since = pg.fetchone("SELECT clock_timestamp()")[0]
+        wait_for(lambda since=since: _status_after(pg, slot, since),
+                 what="a status update from the daemon")
+    assert prepared_at < later_end
     assert slot_confirmed_flush_lsn(conn, slot) <= prepared_at
-    consume_all(broker.bootstrap_servers, topic, expected=1)  # wait for the first message
     published = read_changes(broker.bootstrap_servers, pg.dbname, [topic])
     assert [c.value["after"]["id"] for c in published if c.value] == [100]
 

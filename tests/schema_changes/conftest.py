@@ -1,6 +1,8 @@
 """Fixtures of the schema-change tests: ``scenario(...)`` starts table, daemon and rows.
 
-``scenario(rows=..., create=..., schema_changes=..., snapshot=...)`` creates
+``populated(tables, ...)`` (issue 24) creates tables with rows before the
+daemon starts with an initial snapshot, so that a migration can come before
+any streamed change. ``scenario(rows=..., create=..., schema_changes=..., snapshot=...)`` creates
 ``public.items`` (or the ``create`` statement), writes a config with
 ``snapshot.mode: never`` and no ``tables`` (cdcd creates its publication
 FOR ALL TABLES), starts the daemon, waits until it streams, then inserts
@@ -18,7 +20,15 @@ import pytest
 from support.cdc import DaemonProcess
 from support.pg import PgDatabase
 
-from .helpers import CREATE, ROWS, Scenario, populate, wait_streaming
+from .helpers import (
+    CREATE,
+    ROWS,
+    Scenario,
+    create_items,
+    populate,
+    wait_initial_snapshot,
+    wait_streaming,
+)
 
 
 @pytest.fixture
@@ -55,3 +65,36 @@ def scenario(
     for sc in made:
         for workload in sc.workloads:
             workload.finish_quietly()
+
+
+@pytest.fixture
+def populated(
+    pg: PgDatabase,
+    broker: Any,
+    cdc_config: Callable[..., Path],
+    daemons: Callable[[Path], DaemonProcess],
+) -> Callable[..., Scenario]:
+    """``populated(tables, rows=..., check_interval_s=..., snapshot=...)``: issue 24's start.
+
+    Each table (shaped like ``items``) is created with ``rows`` rows *before*
+    the daemon starts with ``snapshot.mode: initial``, so consumers get them
+    as snapshot reads and the table has had no streamed change yet; returns
+    once the daemon streams (its initial snapshot delivered).
+    """
+
+    def make(tables: list[str], rows: int = ROWS, check_interval_s: float = 1.0,
+             snapshot: dict[str, Any] | None = None, start: bool = True) -> Scenario:
+        conn = pg.connect()
+        for table in tables:
+            create_items(conn, table, rows)
+        config = cdc_config(extra={
+            "snapshot": {"mode": "initial", **(snapshot or {})},
+            "schema_changes": {"check_interval_s": check_interval_s},
+        })
+        daemon = daemons(config)
+        sc = Scenario(pg, broker.bootstrap_servers, config, daemons, daemon, conn, rows)
+        if start:
+            wait_initial_snapshot(pg, sc.slot, daemon)
+        return sc
+
+    return make

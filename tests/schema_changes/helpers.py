@@ -26,8 +26,11 @@ PostgreSQL's value against the consumer's, with a few examples.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -40,7 +43,7 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from support.cdc import DaemonProcess, read_resolved_changes, replay, wait_for
+from support.cdc import PROJECT_ROOT, DaemonProcess, read_resolved_changes, replay, wait_for
 from support.pg import PgDatabase, current_wal_lsn, int_to_lsn, slot_confirmed_flush_lsn
 
 TABLE = "items"
@@ -69,7 +72,7 @@ def populate(conn: psycopg2.extensions.connection, first: int, count: int,
         cur.execute(
             f"INSERT INTO {table}(id, name, qty, price, code, note) "
             "SELECT g, 'name-' || g, g %% 50, CASE WHEN g %% 11 = 0 THEN NULL "
-            "ELSE ((g * 7919) %% 100000) / 100.0 END, 'c' || (g %% 1000), "
+            "ELSE ((g::int8 * 7919) %% 100000) / 100.0 END, 'c' || (g %% 1000), "
             "CASE WHEN g %% 7 = 0 THEN NULL ELSE 'note ' || g END "
             "FROM generate_series(%s::int, %s::int) g",
             (first, first + count - 1),
@@ -265,6 +268,15 @@ class Scenario:
         wait_for(lambda: not [j for j in signal_jobs(self.pg) if j.status in ("pending", "running")],
                  timeout_s=CATCH_UP_TIMEOUT_S, interval_s=0.1,
                  what=f"no pending/running snapshot job on {QUALIFIED}")
+        return problems
+
+    def settle_heals(self, tables: list[str]) -> list[str]:
+        """Wait for the daemon to confirm everything written, for a finished heal of each of
+        ``tables`` and for no job to be left; return the heals that never finished."""
+        wait_confirmed(self.pg, self.slot, self.daemon)
+        problems = wait_heals(self.pg, self.daemon, tables)
+        wait_no_jobs(self.pg)
+        wait_confirmed(self.pg, self.slot, self.daemon)
         return problems
 
     def compare(self, table: str = TABLE, key: tuple[str, ...] = KEY) -> list[str]:
@@ -476,3 +488,137 @@ def report(problems: list[str], log: str | None = None) -> str:
             line for line in log.splitlines() if "schema change" in line or "schema_changes" in line
         )
     return text
+
+
+# ----------------------------------------------------------------------------- issue 24: baselines
+
+
+@dataclass(frozen=True)
+class Case:
+    statements: tuple[str, ...]  # {t}: the table
+    kinds: tuple[str, ...]  # schema-change kinds the log must name
+    heals_when_written: bool  # a re-snapshot even when the next Relation shows it
+
+
+RECREATED = "CREATE TABLE {t}(id int PRIMARY KEY, name text NOT NULL, qty int NOT NULL, " \
+            "code varchar(10) NOT NULL, colour text DEFAULT 'blue')"
+
+CASES = {
+    "fast_default": Case(("ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'",),
+                         ("add_column_default",), False),
+    "rewrite": Case(("ALTER TABLE {t} ALTER COLUMN qty TYPE bigint USING qty * 10",
+                     "ALTER TABLE {t} ADD COLUMN r float8 DEFAULT random()"),
+                    ("type_change_rewrite",), True),
+    "rename": Case(("ALTER TABLE {t} RENAME COLUMN note TO memo",), ("rename_column",), False),
+    "drop_column": Case(("ALTER TABLE {t} DROP COLUMN price",), ("drop_column",), False),
+    "recreate": Case((f"BEGIN; DROP TABLE {{t}}; {RECREATED}; COMMIT",), ("recreate",), False),
+    "identity": Case(("ALTER TABLE {t} DROP CONSTRAINT {t}_pkey, ADD PRIMARY KEY (id, code)",),
+                     ("identity",), False),
+}
+
+
+def migrate_idle(sc: Scenario, tables: dict[str, str]) -> None:
+    """Run each case's DDL on its table (case -> table); nothing is written afterwards."""
+    for name, table in tables.items():
+        for statement in CASES[name].statements:
+            sc.execute(statement.format(t=table))
+
+
+def create_items(conn: psycopg2.extensions.connection, table: str, rows: int) -> None:
+    """A table shaped like ``items`` under another name, with ``rows`` rows."""
+    with conn.cursor() as cur:
+        cur.execute(CREATE.replace("CREATE TABLE items(", f"CREATE TABLE {table}(", 1))
+    populate(conn, 1, rows, table)
+
+
+def write_some(conn: psycopg2.extensions.connection, table: str) -> None:
+    """A few row changes of ``table`` (whatever its columns now): its next Relation follows."""
+    with conn.cursor() as cur:
+        cur.execute(f"UPDATE {table} SET name = 'after-' || id WHERE id % 10 = 0 AND id <= 3000")
+        cur.execute(f"DELETE FROM {table} WHERE id % 25 = 1 AND id <= 3000")
+        cur.execute(f"INSERT INTO {table}(id, name, qty, code) SELECT g, 'late-' || g, g % 7, "
+                    "'l' || g % 1000 FROM generate_series(2000000001, 2000000020) g")
+
+
+def wait_heals(pg: PgDatabase, daemon: DaemonProcess, tables: list[str],
+               timeout_s: float = HEAL_TIMEOUT_S) -> list[str]:
+    """Wait until every table named has a finished ``schema-change:`` job; the missing ones."""
+    def done(table: str) -> bool:
+        jobs = heal_jobs(pg, f"public.{table}")
+        return bool(jobs) and all(j.status == "done" for j in jobs)
+
+    def healed() -> bool:
+        if not daemon.alive():
+            raise AssertionError(f"the daemon exited ({daemon.proc.returncode}):\n"
+                                 + tail(daemon.log()))
+        return all(done(t) for t in tables)
+
+    try:
+        wait_for(healed, timeout_s=timeout_s, interval_s=0.2, what="the heals to finish")
+    except AssertionError:
+        return [f"public.{t}: no finished 'schema-change:' job within {timeout_s:.0f} s (jobs: "
+                f"{[(j.id, j.status) for j in signal_jobs(pg, f'public.{t}')] or 'none'})"
+                for t in tables if not done(t)]
+    return []
+
+
+def wait_no_jobs(pg: PgDatabase) -> None:
+    """No snapshot job of any table pending or running."""
+    def idle() -> bool:
+        if pg.fetchone("SELECT to_regclass('public.cdcd_signal')")[0] is None:  # type: ignore[index]
+            return True
+        return not pg.fetchall("SELECT 1 FROM cdcd_signal WHERE status IN ('pending', 'running') "
+                               "AND type IN ('execute-snapshot', 'initial')")
+
+    wait_for(idle, timeout_s=CATCH_UP_TIMEOUT_S, interval_s=0.2,
+             what="no pending or running snapshot job")
+
+
+# ----------------------------------------------------------------------------- cdcd mirror --once
+
+SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+
+def mirror_once(config: Path, output: Path, log: Path) -> None:
+    with open(log, "wb") as out:
+        result = subprocess.run(
+            [sys.executable, "-m", "cdcd", "mirror", "-c", str(config), "--output", str(output),
+             "--once"],
+            cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=300,
+            env={**os.environ, **SPARK_ENV},
+        )
+    assert result.returncode == 0, log.read_text(encoding="utf-8", errors="replace")[-5000:]
+
+
+def mirror_differences(conn: Any, output: Path, table: str) -> list[str]:
+    types, expected = source_rows(conn, table, KEY)
+    path = output / f"public.{table}"
+    if not path.exists():
+        return [f"public.{table}: no mirror at {path}"]
+    from cdcd.spark.mirror import read_mirror
+
+    data = read_mirror(str(path))
+    actual = {}
+    for row in data.to_pylist():
+        normalized = {c: normalize(v, types.get(c, "")) for c, v in row.items()}
+        actual[tuple(normalized[k] for k in KEY)] = normalized
+    return differences(table, types, expected, data.column_names, actual, "the mirror")
+
+
+def wait_initial_snapshot(pg: PgDatabase, slot: str, daemon: DaemonProcess) -> None:
+    """Until the initial snapshot is delivered and the daemon streams.
+
+    Not the slot's ``active`` alone: the walsender that creates the slot
+    holds it active during the copy too.
+    """
+    def done() -> bool:
+        if not daemon.alive():
+            raise AssertionError(f"the daemon exited ({daemon.proc.returncode}):\n"
+                                 + tail(daemon.log()))
+        if pg.fetchone("SELECT to_regclass('public.cdcd_signal')")[0] is None:  # type: ignore[index]
+            return False
+        row = pg.fetchone("SELECT status FROM cdcd_signal WHERE id = %s", (f"initial:{slot}",))
+        return row is not None and row[0] == "done"
+
+    wait_for(done, timeout_s=CATCH_UP_TIMEOUT_S, interval_s=0.1,
+             what="the initial snapshot to be delivered")
+    wait_streaming(pg, slot, daemon)

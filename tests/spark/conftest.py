@@ -46,7 +46,9 @@ def spark() -> Iterator[Any]:
 class MirrorProcess:
     """``python -m cdcd mirror -c FILE --output DIR [--once]`` as a child process."""
 
-    def __init__(self, config: Path, output: Path, log_path: Path, once: bool) -> None:
+    def __init__(
+        self, config: Path, output: Path, log_path: Path, once: bool, history: bool = False
+    ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         command = [
@@ -61,6 +63,8 @@ class MirrorProcess:
         ]
         if once:
             command.append("--once")
+        if history:
+            command.append("--history")
         self.proc = subprocess.Popen(
             command,
             cwd=PROJECT_ROOT,
@@ -97,8 +101,10 @@ class MirrorProcess:
 def mirrors(tmp_path: Path) -> Iterator[Callable[..., MirrorProcess]]:
     started: list[MirrorProcess] = []
 
-    def start(config: Path, output: Path, *, once: bool) -> MirrorProcess:
-        process = MirrorProcess(config, output, tmp_path / f"mirror-{len(started)}.log", once)
+    def start(config: Path, output: Path, *, once: bool, history: bool = False) -> MirrorProcess:
+        process = MirrorProcess(
+            config, output, tmp_path / f"mirror-{len(started)}.log", once, history
+        )
         started.append(process)
         return process
 
@@ -108,17 +114,21 @@ def mirrors(tmp_path: Path) -> Iterator[Callable[..., MirrorProcess]]:
 
 
 @pytest.fixture
-def mirror_once(spark: Any) -> Callable[[Path, Path], float]:
-    """Run ``cdcd mirror --once`` on the shared session; returns its duration in seconds."""
+def mirror_once(spark: Any) -> Callable[..., float]:
+    """Run ``cdcd mirror --once [--history]`` on the shared session; returns its duration
+    in seconds."""
     import time
 
     from cdcd.config.model import load_config
     from cdcd.spark.cli import run_mirror
 
-    def run(config: Path, output: Path) -> float:
+    def run(config: Path, output: Path, *, history: bool = False) -> float:
         started = time.monotonic()
         try:
-            assert run_mirror(load_config(config), output, once=True, spark=spark) == 0
+            assert (
+                run_mirror(load_config(config), output, once=True, spark=spark, history=history)
+                == 0
+            )
         finally:
             print(f"mirror --once into {output.name}: {time.monotonic() - started:.1f} s")
         return time.monotonic() - started

@@ -13,12 +13,13 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import fastavro
 
 from cdcd.envelope.schemas import SOURCE_SCHEMA
-from spark.envelopes import Message
+from spark.envelopes import Message, kafka_batch
 
 TOPIC = "pg.public.t"
 NAMESPACE = "pg.public.t"
@@ -29,7 +30,7 @@ INT_ARRAY = {"type": "array", "items": ["null", "int"]}
 
 
 def key(name: str, avro_type: Any = "int") -> dict[str, Any]:
-    """A replica identity column: plain ``T``."""
+    """A replica identity column: plain ``T`` (and in the message key, see ``Topic``)."""
     return {"name": name, "type": avro_type}
 
 
@@ -91,7 +92,10 @@ class Topic:
         before: dict[str, Any] | None = None,
         after: dict[str, Any] | None = None,
         partition: int = 0,
+        key_columns: tuple[str, ...] | None = None,
     ) -> Message:
+        """Encode one change; its message key holds ``key_columns`` (default: the row's
+        required columns, made by :func:`key`), null when there are none."""
         header = header_of(schema)
         self.schemas[header] = schema
         record = {
@@ -116,8 +120,78 @@ class Topic:
         }
         body = io.BytesIO()
         fastavro.schemaless_writer(body, fastavro.parse_schema(schema), record)
+        image = after if after is not None else before
+        message_key = (
+            self._key(schema, image, key_columns) if op != "t" and image is not None else None
+        )
         offset = self._offsets.get(partition, 0)
         self._offsets[partition] = offset + 1
-        message = Message(TOPIC, partition, offset, None, header + body.getvalue(), lsn, seq)
+        message = Message(
+            TOPIC, partition, offset, message_key, header + body.getvalue(), lsn, seq
+        )
         self.messages.append(message)
         return message
+
+    def _key(
+        self, schema: dict[str, Any], image: dict[str, Any], names: tuple[str, ...] | None
+    ) -> bytes | None:
+        """The message key: a record of the key columns, as cdcd keys a change by its
+        replica identity; None (a null key) without any."""
+        row = schema["fields"][0]["type"][1]
+        if names is None:
+            names = tuple(f["name"] for f in row["fields"] if not isinstance(f["type"], list))
+        by_name = {f["name"]: f for f in row["fields"]}
+        fields = [
+            {"name": name, "type": [b for b in t if b != "null"][0] if isinstance(t, list) else t}
+            for name in names
+            for t in [by_name[name]["type"]]
+        ]
+        if not fields:
+            return None
+        key_schema = {"type": "record", "name": "Key", "namespace": NAMESPACE, "fields": fields}
+        header = header_of(key_schema)
+        self.schemas[header] = key_schema
+        body = io.BytesIO()
+        fastavro.schemaless_writer(
+            body, fastavro.parse_schema(key_schema), {f["name"]: image[f["name"]] for f in fields}
+        )
+        return header + body.getvalue()
+
+
+class Mirror:
+    """A mirror directory and the job applying batches of ``topic``'s messages to it:
+    everything ``cdcd mirror`` does with a micro-batch but Spark's decoding job (which
+    runs the same pure decoder, :func:`cdcd.spark.decode.decode_native`)."""
+
+    def __init__(self, root: Path, topic: Topic) -> None:
+        from cdcd.consumer import SchemaCatalog
+        from cdcd.spark.mirror import MirrorJob, MirrorStore
+
+        self.root = root
+        self.topic = topic
+        self.catalog = SchemaCatalog("pg")
+        self.store = MirrorStore(root)
+        self.store.open()
+        self.job = MirrorJob(self.store, self.catalog)
+        self.batch_id = -1
+
+    def batch(self, messages: list[Message]) -> Any:
+        """Apply ``messages`` as one micro-batch; returns its report."""
+        from cdcd.spark.decode import decode_native
+
+        for header, schema in self.topic.schemas.items():
+            self.catalog.add(header, schema)
+        self.batch_id += 1
+        decoded: dict[str, list[Any]] = {}
+        for native in decode_native(kafka_batch(messages), self.catalog.schema):
+            decoded.setdefault(native.topic, []).append(native)
+        return self.job.apply(self.batch_id, decoded)
+
+    def rows(self) -> dict[Any, dict[str, Any]]:
+        """The mirrored table as a reader sees it, by id (re-opened from disk)."""
+        from cdcd.spark.mirror import MirrorStore, read_mirror
+
+        reopened = MirrorStore(self.root)
+        reopened.open()
+        table = read_mirror(str(self.root / "public.t"))
+        return {row["id"]: row for row in table.to_pylist()}

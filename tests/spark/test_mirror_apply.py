@@ -46,7 +46,7 @@ ROW = {
         {"name": "Odd_name", "cdcd.column": "Odd name", "type": ["null", "long"], "default": None},
     ],
 }
-LAYOUT = RowLayout.from_row(ROW)
+LAYOUT = RowLayout.from_row(ROW, ("id",))  # the message key's columns
 KEYLESS = RowLayout.from_row(
     {
         "type": "record",
@@ -396,6 +396,7 @@ def state_for(layout_row: dict[str, Any] = ROW) -> TableState:
         table="t",
         envelope=envelope(layout_row),
         schema_version=(1, 0),
+        key=("id",),
     )
 
 
@@ -405,7 +406,7 @@ def _store_batch(store: MirrorStore, batch_id: int, records: list[dict[str, Any]
 
     catalog: Any = None
     native = NativeChanges(
-        "pg.public.t", b"h", LAYOUT, changes(records), tuple(range(len(records)))
+        "pg.public.t", b"h", LAYOUT.shape, changes(records), tuple(range(len(records))), ("id",)
     )
     job = MirrorJob(store, catalog)
     job.catalog = type("Catalog", (), {"schema": staticmethod(lambda header: envelope(ROW))})()

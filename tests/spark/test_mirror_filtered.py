@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import DaemonProcess, wait_for
-from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
+from support.cdc import DaemonProcess
+from support.pg import PgDatabase
+
+from spark.capture import start_capture
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -106,22 +108,11 @@ def test_mirror_equals_the_filtered_projected_and_partitioned_tables(
         ],
         extra={"snapshot": {"mode": "initial"}},
     )
-    conn = pg.connect()
-    conn.autocommit = True
-    slot = "cdcd_" + pg.dbname[:50]
-    daemon = daemons(config)
-    wait_for(
-        lambda: not daemon.alive()
-        or pg.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
-        ),
-        what="the daemon to start streaming",
-    )
-    assert daemon.alive(), daemon.log()
+    capture = start_capture(pg, config, daemons)
+    daemon = capture.daemon
     for statement in WORKLOAD:
         pg.execute(statement)
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
+    capture.confirmed()
     assert daemon.terminate() == 0, daemon.log()
 
     output = tmp_path / "mirror"

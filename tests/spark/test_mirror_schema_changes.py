@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,12 +19,10 @@ pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("deltalake")
 
-from cdcd.consumer import SchemaCatalog  # noqa: E402
-from cdcd.spark.decode import decode_native  # noqa: E402
-from cdcd.spark.mirror import MirrorJob, MirrorStore, read_mirror  # noqa: E402
-from spark.envelopes import Message, kafka_batch  # noqa: E402
+from cdcd.spark.mirror import read_mirror  # noqa: E402
 from spark.handbuilt import (  # noqa: E402
     DECIMAL_12_2,
+    Mirror,
     Topic,
     column,
     decimal_json,
@@ -35,36 +32,6 @@ from spark.handbuilt import (  # noqa: E402
 )
 
 V1 = envelope([key("id"), column("a", "string"), column("n", "int")])
-
-
-class Mirror:
-    """A mirror directory and the job applying batches of ``topic``'s messages to it."""
-
-    def __init__(self, root: Path, topic: Topic) -> None:
-        self.root = root
-        self.topic = topic
-        self.catalog = SchemaCatalog("pg")
-        self.store = MirrorStore(root)
-        self.store.open()
-        self.job = MirrorJob(self.store, self.catalog)
-        self.batch_id = -1
-
-    def batch(self, messages: list[Message]) -> Any:
-        """Apply ``messages`` as one micro-batch; returns its report."""
-        for header, schema in self.topic.schemas.items():
-            self.catalog.add(header, schema)
-        self.batch_id += 1
-        decoded: dict[str, list[Any]] = {}
-        for native in decode_native(kafka_batch(messages), self.catalog.schema):
-            decoded.setdefault(native.topic, []).append(native)
-        return self.job.apply(self.batch_id, decoded)
-
-    def rows(self) -> dict[int, dict[str, Any]]:
-        """The mirrored table as a reader sees it, by id (re-opened from disk)."""
-        reopened = MirrorStore(self.root)
-        reopened.open()
-        table = read_mirror(str(self.root / "public.t"))
-        return {row["id"]: row for row in table.to_pylist()}
 
 
 def test_a_rename_and_a_fast_default_reach_rows_mirrored_before_them(tmp_path: Path) -> None:

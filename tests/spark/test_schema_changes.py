@@ -69,7 +69,8 @@ def test_a_union_with_null_last_is_a_nullable_column() -> None:
     assert (region.name, region.key, region.type.kind) == ("region", False, "string")
     assert layout.columns[4].type.describe() == "decimal(12,2)"
     assert layout.columns[6].type.describe() == "array<int>"
-    assert layout.key_names == ("id",)
+    assert layout.key_names == ()  # the key comes from the message key, not nullability
+    assert layout.with_key(("id",)).key_names == ("id",)
     topic = Topic()
     topic.change(V2, "c", lsn=10, after={"id": 1, "a": "x", "n": 1, "region": "us",
                                          "amount": Decimal("3.25"), "since": SINCE,

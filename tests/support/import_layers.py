@@ -75,6 +75,8 @@ LAYERS: dict[str, int] = {
     # The Spark consumer reads what cdcd wrote; nothing of the daemon's stack
     # (see ONLY_USES). Only the CLI's ``mirror`` command uses it.
     "spark": 10,
+    # cdcd tail: a plain reader of the topics (the consumer side, no Spark).
+    "tail": 10,
     # Commands built on the daemon: check (runs the daemon's preflight), demo
     # (runs a daemon against local infrastructure), bench (runs a pipeline).
     "check": 11,
@@ -99,6 +101,10 @@ ONLY_USES: dict[str, frozenset[str]] = {
     # The consumer side reads what was written: names, the envelope's schema
     # names, config; nothing of how it is produced.
     "consumer": frozenset({"cdcd", "errors", "naming", "config", "envelope"}),
+    # cdcd tail reads what was written, as any consumer: nothing of how it is produced.
+    "tail": frozenset(
+        {"cdcd", "errors", "naming", "config", "envelope", "consumer", "protocol.lsn"}
+    ),
 }
 
 #: Packages only the listed packages may import.

@@ -505,8 +505,9 @@ def _decode_ceiling(dsn: str, end_lsn: int, rows: int) -> _Decode:
             messages = int(cur.fetchone()[0])
             elapsed = time.monotonic() - started
             cpu = _backend_cpu_s(pid) - cpu_start
-        _drop_slot(conn, PEEK_SLOT)
     finally:
+        # The copy holds WAL back for as long as it exists: never leave it.
+        _drop_slot(conn, PEEK_SLOT)
         conn.close()
     # BEGIN, one INSERT per row, COMMIT, and the RELATION: fewer means the
     # peek stopped short of the load and its rate would flatter the server.

@@ -404,6 +404,21 @@ def _matches(version: TableVersion, catalog: CatalogTable | None) -> bool:
     return True
 
 
+def _describes(version: TableVersion, catalog: CatalogTable | None) -> bool:
+    """Whether the catalog is this very version: no later DDL at all, added columns included.
+
+    New files under an unchanged Relation are this version's rewrite only
+    then; a catalog with a column the stream has not reached yet is ahead
+    of it, and the later version is compared with the recorded files itself
+    (an ``ADD COLUMN … DEFAULT random()`` is ``add_column_rewrite`` there).
+    """
+    if catalog is None or not _matches(version, catalog):
+        return False
+    sent = {c.name for c in version.columns}
+    left_out = set(catalog.unpublished(version))
+    return all(c.name in sent or c.attnum in left_out for c in catalog.columns)
+
+
 def _baseline(
     version: TableVersion, catalog: CatalogTable | None, lsn: int, recreated_lsn: int | None = None
 ) -> TableState:
@@ -524,7 +539,7 @@ def classify(
             and previous.storage is not None
             and catalog.relid == version.relation_id
             and catalog.storage != previous.storage
-            and _matches(version, catalog)
+            and _describes(version, catalog)
         ):
             # The same Relation again, over new files: a rewrite that kept
             # the shape (ALTER COLUMN n TYPE int USING n * 10 on an int

@@ -71,10 +71,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
 from cdcd.naming import matches_table, parse_table, table_globs
@@ -226,11 +228,27 @@ def _read_all(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
     the interpreter's exit, its threads can outlive Arrow's and abort the
     process (``terminate called without an active exception``).
     """
-    dataset = table.to_pyarrow_dataset()
+    dataset = table.to_pyarrow_dataset(filesystem=_arrow_filesystem(table.table_uri))
     data = dataset.to_table(columns=columns)
     del dataset
     gc.collect()
     return data
+
+
+def _arrow_filesystem(uri: str) -> pafs.FileSystem | None:
+    """Arrow's own filesystem for a local table; None (deltalake's) for an object store.
+
+    An Arrow I/O thread still finishing a scan after ``to_table`` returned may
+    drop the last reference to the dataset's filesystem. deltalake's is a
+    Python object: released while the interpreter exits, it needs the GIL, the
+    thread is killed holding C++ frames and the process aborts (``terminate
+    called without an active exception``, about one ``read_mirror`` script in
+    forty). Arrow's local filesystem needs no GIL.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    return pafs.SubTreeFileSystem(unquote(parsed.path), pafs.LocalFileSystem())
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -16,8 +16,14 @@ that language:
 * ``promql``: every expression (one per line) is checked by ``promtool``
   as a recording rule, and every ``cdcd_`` series it reads must be one
   cdcd exports;
-* ``python``, DuckDB SQL: not run here (Spark and Delta readers: tests/spark);
+* ``python``: run by the sibling ``test_doc_python_snippets.py`` (from a
+  non-activated virtualenv, with a mirror, a broker or Spark as a block needs);
 * no language: sample output, not code.
+
+A block preceded by ``<!-- snippet: not run: REASON -->`` (an HTML comment,
+invisible once rendered) is not run; :data:`NOT_RUN` lists the reasons
+accepted, so a new one shows here. Today: the DuckDB queries of
+docs/spark.md (DuckDB is not a dependency; the python readers run instead).
 
 A block in a language without a rule fails the inventory test, so a new
 kind of snippet cannot go unnoticed.
@@ -84,6 +90,28 @@ def snippets() -> list[Snippet]:
 
 ALL = snippets()
 
+MARKER = re.compile(r"^\s*<!--\s*snippet:\s*(?P<what>.*?)\s*-->\s*$")
+
+
+def marker(snippet: Snippet) -> str:
+    """What the ``<!-- snippet: ... -->`` comment on the line above the fence says ("" if none)."""
+    lines = snippet.path.read_text(encoding="utf-8").splitlines()
+    found = MARKER.match(lines[snippet.line - 2]) if snippet.line >= 2 else None
+    return found.group("what") if found else ""
+
+
+def not_run(snippet: Snippet) -> str | None:
+    """The reason a block is not run, or None."""
+    what = marker(snippet)
+    return what.removeprefix("not run:").strip() if what.startswith("not run:") else None
+
+
+#: Reasons for not running a (non-python) block, and how many blocks give each.
+NOT_RUN = {
+    "DuckDB is not a dependency of cdcd; the same Delta tables are read by the deltalake "
+    "and read_mirror blocks": 2,
+}
+
 
 def of(lang: str) -> list[Snippet]:
     return [s for s in ALL if s.lang == lang]
@@ -92,6 +120,17 @@ def of(lang: str) -> list[Snippet]:
 def test_every_snippet_has_a_rule() -> None:
     unknown = [f"{s.where} ({s.lang})" for s in ALL if s.lang not in RULES]
     assert not unknown, f"snippets in a language this test has no rule for: {unknown}"
+
+
+def test_blocks_not_run_are_the_listed_ones() -> None:
+    reasons: dict[str, int] = {}
+    for snippet in ALL:
+        reason = not_run(snippet)
+        if reason is not None and snippet.lang != "python":
+            reasons[reason] = reasons.get(reason, 0) + 1
+    assert reasons == NOT_RUN
+    duckdb = [s.where for s in of("sql") if "DuckDB" in s.text and not_run(s) is None]
+    assert not duckdb, f"DuckDB queries would run on PostgreSQL: {duckdb}"
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +191,7 @@ def test_ini_snippet(snippet: Snippet) -> None:
 
 #: Server-wide settings (ALTER SYSTEM) would change the cluster every other test shares.
 SERVER_WIDE = re.compile(r"\bALTER\s+SYSTEM\b", re.IGNORECASE)
-POSTGRES_SQL = [s for s in of("sql") if "DuckDB" not in s.text and not SERVER_WIDE.search(s.text)]
+POSTGRES_SQL = [s for s in of("sql") if not_run(s) is None and not SERVER_WIDE.search(s.text)]
 
 
 @pytest.mark.integration

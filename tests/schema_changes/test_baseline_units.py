@@ -96,3 +96,13 @@ def test_the_checks_first_pass_matches_a_state_with_its_catalog_row() -> None:
                     (*row[:3], ["id", "qty"], row[4]), (*row[:4], ["id:23:-1", "qty:20:-1"]),
                     (row[0], "f", *row[2:])):
         assert _signature(recorded) != _catalog_signature(changed), changed
+
+
+def test_the_old_version_met_after_an_add_column_rewrite_leaves_the_files_to_the_new_one() -> None:
+    # ALTER TABLE t ADD COLUMN note text DEFAULT random()::text committed before the
+    # stream reached the old version's first use: the catalog is ahead, so the new
+    # files belong to the later version (add_column_rewrite), not to this one.
+    recorded = state()
+    met = classify(recorded, VERSION, catalog(NEW_FILES, extra=True), 200)
+    assert not met.kinds and not met.heal and met.state == recorded
+    assert classify(met.state, WIDER, catalog(NEW_FILES, extra=True), 210).kinds == (ADD_REWRITE,)

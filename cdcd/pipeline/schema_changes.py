@@ -143,6 +143,7 @@ from cdcd.observability.metrics import Metrics
 from cdcd.protocol.lsn import Lsn
 from cdcd.snapshot.rows import published_relation
 from cdcd.snapshot.store import (
+    HEAL_ID_PREFIX,
     TRUNCATE_FIRST,
     SignalTable,
     SignalTableGone,
@@ -185,7 +186,6 @@ KINDS = (
 )
 
 STATE_TYPE = "schema-state"  # signal-table rows that hold a table's state (never a job)
-HEAL_ID_PREFIX = "schema-change:"
 
 
 # ----------------------------------------------------------------------------- state

@@ -20,7 +20,7 @@ compared with ``SELECT *`` after the fact:
   table, and the job is retried (it stays ``running``, never ``failed``;
   ``cdcd check`` fails on it); once the privilege is back, the retry heals
   the table;
-* both topics equal both tables;
+* both topics, and ``cdcd mirror --once`` of each daemon, equal both tables;
 * ``cdcd check`` names the other daemon, and fails (as ``cdcd run`` refuses,
   exit 2) a configuration that would share A's publication for other tables.
 """
@@ -44,12 +44,14 @@ from tests.schema_changes.helpers import (
     KEY,
     heal_jobs,
     kafka_differences,
+    mirror_differences,
+    mirror_once,
     populate,
     wait_confirmed,
     wait_streaming,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 ROWS = 200
 TIMEOUT_S = 120.0
@@ -197,6 +199,11 @@ def test_two_daemons_heal_their_own_tables(
         wait_confirmed(pg, slots[side], daemon_a if side == "a" else daemon_b)
     problems = kafka_differences(pg, bootstrap, pg.dbname, "items_a", KEY)
     problems += kafka_differences(pg, bootstrap, pg.dbname, "items_b", KEY)
+    # ... and so does `cdcd mirror --once` of each daemon's topics.
+    for side in ("a", "b"):
+        output = tmp_path / f"mirror_{side}"
+        mirror_once(config(side, pg.dsn), output, tmp_path / f"mirror_{side}.log")
+        problems += mirror_differences(conn, output, f"items_{side}")
     assert not problems, "\n".join(problems)
 
     # 5. `cdcd check` names the other daemon, and the conflict of a shared publication.

@@ -503,7 +503,19 @@ tests:
         values: '0 0 0 1 1 1'
       - series: 'cdcd_reconnects_total{{job="cdcd", instance="a", reason="postgres"}}'
         values: '0+1x30'
+      - series: 'cdcd_snapshot_failures_total{{job="cdcd", instance="a", table="public.t"}}'
+        values: '0 0 0 1 1 1'
     alert_rule_test:
+      - eval_time: 2m
+        alertname: CdcdSnapshotFailing
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: CdcdSnapshotFailing
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: cdcd, instance: a, table: public.t}}
+            exp_annotations:
+              summary: "cdcd snapshot of public.t failed"
+              description: "1 snapshot job failures for public.t in the last 15 minutes; the ERROR line of the log names the job and the reason, and `cdcd check` lists a re-snapshot that keeps failing."
       - eval_time: 5m
         alertname: CdcdSlotLagHigh
         exp_alerts: []

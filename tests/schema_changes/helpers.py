@@ -216,12 +216,16 @@ class Scenario:
                        seed: int = 1) -> Workload:
         """Writer on; ``before`` transactions; the DDL; ``after`` more; writer off.
 
-        After each statement the writer commits a few transactions and the
-        daemon confirms them, so each change reaches the daemon while the
-        catalog still describes it (no "another DDL happened since" guess).
+        Before the first statement and after each one the writer commits a
+        few transactions and the daemon confirms them, so each version reaches
+        the daemon while the catalog still describes it (no "another DDL
+        happened since" guess).
         """
         workload = self.writer(seed)
         workload.wait_more(before)
+        # The first DDL too: the table's version before it must have reached
+        # the daemon, else the daemon meets it with the catalog already ahead.
+        wait_confirmed(self.pg, self.slot, self.daemon)
         for statement in statements:
             self.execute(statement)
             workload.wait_more(5)

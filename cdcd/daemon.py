@@ -22,14 +22,13 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from types import FrameType
 
 import psycopg2
 import psycopg2.errors
 from confluent_kafka import KafkaException
 
-from cdcd.config.hooks import hook_seconds
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import ConfigError, DefiniteError, StartupRetriesExhausted, TransientError
 from cdcd.observability import systemd
@@ -52,15 +51,6 @@ BACKOFF_RESET_AFTER_S = 60.0
 #: this long, then the daemon exits 1 (not 3: a server that is down may come
 #: back, so systemd/Kubernetes restart policies take over).
 STARTUP_RETRY_S = 30.0
-#: Test hook, not a setting: the integration tests set this environment
-#: variable (seconds) so that a check of the exit-1 path does not sit through
-#: the whole window. Read once per daemon; unset in production.
-STARTUP_RETRY_ENV = "CDCD_TEST_STARTUP_RETRY_S"
-
-
-def startup_retry_s(environ: Mapping[str, str] | None = None) -> float:
-    """The startup retry window: :data:`STARTUP_RETRY_S` unless the test hook sets it."""
-    return hook_seconds(STARTUP_RETRY_ENV, STARTUP_RETRY_S, environ=environ)
 
 
 #: The exception types behind a transient error, most specific first: the
@@ -188,7 +178,7 @@ class Daemon:
 
     def run(self) -> int:
         """Run sessions until stopped; returns the exit code."""
-        retry_window_s = startup_retry_s()
+        retry_window_s = STARTUP_RETRY_S
         listen = self.config.metrics.listen
         try:
             self.server = start_http(listen, self.metrics, self.health)

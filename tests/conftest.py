@@ -16,7 +16,7 @@
 - ``make_broker`` (function): factory for a private broker.
 - ``cdc_config`` (function): ``cdc_config(**overrides)`` writes a daemon config
   for this test's database, with its own topic prefix and slot.
-- ``daemons`` (function): ``daemons(config, env=None)`` starts ``cdcd run`` as
+- ``daemons`` (function): ``daemons(config, env=None, hooks=None)`` starts ``cdcd run`` as
   a child process (``env`` added to the environment); every one still alive is
   killed after the test.
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -47,11 +46,6 @@ from cdcd.local.postgres import SettingValue, installed_versions
 
 _db_counter = itertools.count(1)
 
-# Every daemon of the suite (child processes inherit it) reads the signal
-# table every 0.2 s, not every 2 s (a test hook, cdcd.snapshot.incremental
-# POLL_INTERVAL_ENV): requested snapshots and schema-change heals start
-# sooner, chained ones no longer wait 2 s each; nothing else changes.
-os.environ.setdefault("CDCD_TEST_SNAPSHOT_POLL_INTERVAL_S", "0.2")
 
 
 @pytest.fixture(scope="session")
@@ -167,8 +161,14 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Start daemons as child processes; every one is killed after the test."""
     started: list[DaemonProcess] = []
 
-    def start(config: Path, env: Mapping[str, str] | None = None) -> DaemonProcess:
-        daemon = DaemonProcess(config, tmp_path / f"daemon-{len(started)}.log", env=env)
+    def start(
+        config: Path,
+        env: Mapping[str, str] | None = None,
+        hooks: Mapping[str, Any] | None = None,
+    ) -> DaemonProcess:
+        daemon = DaemonProcess(
+            config, tmp_path / f"daemon-{len(started)}.log", env=env, hooks=hooks
+        )
         started.append(daemon)
         return daemon
 

@@ -85,7 +85,6 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from cdcd.ack.tracker import TxnTicket
-from cdcd.config.hooks import hook_seconds
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import TableEncoder
 from cdcd.errors import CdcdError, DefiniteError, TransientError
@@ -132,15 +131,6 @@ log = logging.getLogger("cdcd.snapshot")
 #: How often the signal table is read for new requests (and for cancellation),
 #: or, while it does not exist, looked up in the catalog.
 POLL_INTERVAL_S = 2.0
-#: Test hook, not a setting: the test suite sets this environment variable
-#: (seconds, up to the interval above) so that requested snapshots and heals
-#: start sooner; what is read and when it counts stays the same.
-POLL_INTERVAL_ENV = "CDCD_TEST_SNAPSHOT_POLL_INTERVAL_S"
-
-
-def poll_interval_s() -> float:
-    """:data:`POLL_INTERVAL_S` unless the test hook shortens it."""
-    return hook_seconds(POLL_INTERVAL_ENV, POLL_INTERVAL_S)
 
 
 _XID_MASK = 0xFFFFFFFF
@@ -470,7 +460,7 @@ class IncrementalSnapshots:
         self._run_id = uuid.uuid4().hex[:12]
         self._chunk_no = 0
         self._next_poll = 0.0
-        self._poll_interval_s = poll_interval_s()
+        self._poll_interval_s = POLL_INTERVAL_S
         self._job: Job | None = None
         self._job_log: ProgressLog | None = None
         self._tables: list[TableProgress] = []

@@ -24,7 +24,6 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from cdcd.config.dsn import redact_dsn_message
-from cdcd.config.hooks import hook_seconds
 from cdcd.config.model import PostgresConfig, redact_dsn
 from cdcd.decode.relations import RelationCache
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
@@ -1769,9 +1768,6 @@ def relation_from_catalog(db: SourceDatabase, schema: str, table: str) -> Relati
 
 #: While a slot is being created, what it waits for is logged this often.
 SLOT_WAIT_LOG_INTERVAL_S = 5.0
-#: Test hook, not a setting: the integration tests set this environment
-#: variable (seconds, 1 to the interval above) so the first report comes sooner.
-SLOT_WAIT_LOG_INTERVAL_ENV = "CDCD_TEST_SLOT_WAIT_LOG_INTERVAL_S"
 #: ... and the caller's ``beat`` is called this often (health, systemd watchdog).
 _SLOT_WAIT_BEAT_S = 1.0
 #: Under systemd, each report extends the start timeout (TimeoutStartSec) by this
@@ -1815,13 +1811,6 @@ ORDER BY 9 DESC, 3 DESC NULLS LAST
 """
 
 
-def _slot_wait_log_interval_s() -> float:
-    """:data:`SLOT_WAIT_LOG_INTERVAL_S` unless the test hook shortens it."""
-    return hook_seconds(
-        SLOT_WAIT_LOG_INTERVAL_ENV, SLOT_WAIT_LOG_INTERVAL_S, minimum=_SLOT_WAIT_BEAT_S
-    )
-
-
 def wait_for_slot_creation(
     create: Callable[[], _T],
     *,
@@ -1847,7 +1836,7 @@ def wait_for_slot_creation(
     ``READY=1`` comes only after the slot exists. What ``create`` raises is
     raised here.
     """
-    interval_s = _slot_wait_log_interval_s()
+    interval_s = max(SLOT_WAIT_LOG_INTERVAL_S, _SLOT_WAIT_BEAT_S)
     pid = int(conn.get_backend_pid())
     done = threading.Event()
     result: list[_T] = []

@@ -146,11 +146,13 @@ HISTORY_KEY = "cdcd.history"
 TARGET_FILE_SIZE_BYTES = 32 * 1024 * 1024
 #: Text statistics this long may be truncated prefixes (writers cut them).
 STATS_PREFIX = 32
-#: Fault injection for the crash tests: ``before-merge``, ``in-merge`` (SIGKILL
-#: once a data file of the MERGE exists but is not committed) or ``after-merge``,
-#: and the same for the history table's commit (``before-history``,
-#: ``in-history``, ``after-history``), optionally ``:<batch id>``.
-FAULT_ENV = "CDCD_MIRROR_FAULT"
+#: Fault point for the crash tests, empty in production (the tests set it
+#: through their launcher, never the environment): ``before-merge``,
+#: ``in-merge`` (SIGKILL once a data file of the MERGE exists but is not
+#: committed) or ``after-merge``, and the same for the history table's commit
+#: (``before-history``, ``in-history``, ``after-history``), optionally
+#: ``:<batch id>``.
+FAULT = ""
 
 # The row versions' column names (SPEC §8; :func:`read_mirror` drops them).
 assert (META_LSN, META_SEQ) == ("_cdcd_lsn", "_cdcd_seq")
@@ -289,8 +291,8 @@ class _Fault:
     batch_id: int | None
 
     @classmethod
-    def from_env(cls) -> _Fault | None:
-        text = os.environ.get(FAULT_ENV, "")
+    def configured(cls) -> _Fault | None:
+        text = FAULT
         if not text:
             return None
         point, _, batch = text.partition(":")
@@ -324,7 +326,7 @@ def _killed_before_commit(
 
     path = _local_path(uri)
     if not DeltaTable.is_deltatable(path):
-        raise ConfigError(f"{FAULT_ENV}: in-* faults need an existing table at {path}")
+        raise ConfigError(f"fault {FAULT!r}: in-* faults need an existing table at {path}")
     version = DeltaTable(path, storage_options=dict(storage_options)).version()
     blocker = os.path.join(path, "_delta_log", f"{version + 1:020d}.json")
     os.mkdir(blocker)
@@ -334,7 +336,7 @@ def _killed_before_commit(
         os.rmdir(blocker)
         _kill_self("with the data files written but not committed")
     os.rmdir(blocker)
-    raise RuntimeError(f"{FAULT_ENV}: the commit of {path} was not blocked")
+    raise RuntimeError(f"fault {FAULT!r}: the commit of {path} was not blocked")
 
 
 # ----------------------------------------------------------------------------- store
@@ -1317,7 +1319,7 @@ class MirrorJob:
     idle: threading.Event = field(default_factory=threading.Event)
     #: Set once the store's app id is known (the streaming query's id).
     ready: threading.Event = field(default_factory=threading.Event)
-    fault: _Fault | None = field(default_factory=_Fault.from_env)
+    fault: _Fault | None = field(default_factory=_Fault.configured)
     #: Which tables also get a history table (``--history``, per-table settings).
     history: HistoryOptions = field(default_factory=lambda: HistoryOptions())
     #: Per-partition high-water marks reject repeats (Kafka); off for sources whose

@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 import pytest
-from support.cdc import PROJECT_ROOT, wait_for, write_config
+from support.cdc import PROJECT_ROOT, cdcd_argv, wait_for, write_config
 
 from cdcd.errors import DefiniteError, TransientError
 from cdcd.local import LocalPostgres
@@ -175,10 +174,9 @@ def test_the_daemon_exits_3_for_a_wrong_password_in_german(
         tmp_path / "cdcd.yaml", _dsn(german, password="wrong"), "127.0.0.1:1", prefix="de"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "run", "-c", str(config)],
+        cdcd_argv("run", "-c", str(config), hooks={"cdcd.daemon.STARTUP_RETRY_S": 20.0}),
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
         # Today's text patterns would retry this for the whole (shortened) window, then exit 1.
-        env={**os.environ, "CDCD_TEST_STARTUP_RETRY_S": "20"},
     )
     errors = [line for line in result.stderr.splitlines() if line.startswith("cdcd: error")]
     assert result.returncode == 3, result.stderr

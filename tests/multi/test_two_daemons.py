@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.cdc import PROJECT_ROOT, DaemonProcess, wait_for, write_config
+from support.cdc import PROJECT_ROOT, DaemonProcess, cdcd_argv, wait_for, write_config
 from support.pg import PgDatabase
 
 from tests.schema_changes.helpers import (
@@ -217,7 +217,7 @@ def test_two_daemons_heal_their_own_tables(
                      rf"{slots['a']}, which captures other tables \(public.items_a\).*"
                      r"give each daemon its own postgres.publication", out, re.M), out
     # ... and `cdcd run` refuses it before it could drop A's table from the publication.
-    run = subprocess.run([sys.executable, "-m", "cdcd", "run", "-c", str(shared)],
+    run = subprocess.run(cdcd_argv("run", "-c", str(shared)),
                          capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)
     assert run.returncode == 2, run.stderr
     assert f"publication cdcd_a is used by the daemon of slot {slots['a']}" in run.stderr, run.stderr

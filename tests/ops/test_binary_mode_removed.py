@@ -8,11 +8,11 @@ pgoutput for binary values whatever the file says.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.cdc import cdcd_argv
 
 from cdcd.config import load_config
 from cdcd.errors import ConfigError
@@ -45,7 +45,7 @@ def test_binary_true_is_a_config_error_naming_the_reason(tmp_path: Path) -> None
     assert "as fast on the server and faster in cdcd (docs/performance.md)" in message
 
     result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "run", "-c", str(path)],
+        cdcd_argv("run", "-c", str(path)),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,16 +9,14 @@ names only what failed.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
-from support.cdc import PROJECT_ROOT
+from support.cdc import PROJECT_ROOT, cdcd_argv
 
 WINDOW_S = 6
 
@@ -38,9 +36,8 @@ def test_postgres_down_exit_line_is_true(tmp_path: Path) -> None:
     }), encoding="utf-8")
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "run", "-c", str(path)], capture_output=True, text=True,
+        cdcd_argv("run", "-c", str(path), hooks={"cdcd.daemon.STARTUP_RETRY_S": WINDOW_S}), capture_output=True, text=True,
         timeout=120, cwd=PROJECT_ROOT,
-        env={**os.environ, "CDCD_TEST_STARTUP_RETRY_S": str(WINDOW_S)},
     )  # fmt: skip
     took = time.monotonic() - started
     assert result.returncode == 1, result.stderr

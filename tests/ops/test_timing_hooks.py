@@ -1,48 +1,81 @@
-"""Test hooks that shorten waits: unset means production timing, bad values are refused.
+"""Test hooks live in the tests: production reads no test switch from its environment.
 
-Integration tests that check the exit-1 path (a slot held by another
-consumer, PostgreSQL unreachable) set ``CDCD_TEST_STARTUP_RETRY_S`` so they
-do not wait the whole 30 s window; those of slot creation set
-``CDCD_TEST_SLOT_WAIT_LOG_INTERVAL_S`` so the first report of what the
-creation waits for comes after 1 s, not 5. A hook must never lengthen a
-wait, and a value that is not a number must stop the daemon (exit 2)
-instead of being ignored.
+The suite shortens a few production waits (the startup retry window, the
+slot-creation report interval, the signal-table poll) and arms the mirror's
+crash points by setting module attributes in the child process before the
+command runs (``tests/support/launch.py``). A stray environment variable on a
+production host therefore changes nothing, and a hook that is renamed away
+fails the tests that use it instead of being silently ignored.
 """
 
 from __future__ import annotations
 
-import pytest
+import re
+import subprocess
+from pathlib import Path
 
-from cdcd.daemon import STARTUP_RETRY_ENV, STARTUP_RETRY_S, startup_retry_s
-from cdcd.errors import ConfigError
+from support import launch
+from support.cdc import PROJECT_ROOT, TEST_HOOKS
+
+import cdcd
+from cdcd import daemon
+from cdcd.snapshot import incremental
 from cdcd.source import database
+from cdcd.spark import mirror
+
+PACKAGE = Path(cdcd.__file__).resolve().parent
 
 
-def test_unset_or_empty_is_the_production_window() -> None:
-    assert STARTUP_RETRY_S == 30.0
-    assert startup_retry_s({}) == STARTUP_RETRY_S
-    assert startup_retry_s({STARTUP_RETRY_ENV: " "}) == STARTUP_RETRY_S
+def test_no_production_module_reads_a_test_variable() -> None:
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"CDCD_TEST_|CDCD_MIRROR_FAULT", line)
+    ]
+    assert not offenders, offenders
 
 
-def test_a_shorter_window_is_taken() -> None:
-    assert startup_retry_s({STARTUP_RETRY_ENV: "4"}) == 4.0
-    assert startup_retry_s({STARTUP_RETRY_ENV: "0.5"}) == 0.5
+def test_production_values() -> None:
+    assert daemon.STARTUP_RETRY_S == 30.0
+    assert database.SLOT_WAIT_LOG_INTERVAL_S == 5.0
+    assert incremental.POLL_INTERVAL_S == 2.0
+    assert mirror.FAULT == ""
 
 
-@pytest.mark.parametrize("raw", ["soon", "0", "-1", "31", "nan", "inf"])
-def test_other_values_are_a_config_error_naming_the_variable(raw: str) -> None:
-    with pytest.raises(ConfigError) as error:
-        startup_retry_s({STARTUP_RETRY_ENV: raw})
-    assert STARTUP_RETRY_ENV in str(error.value) and error.value.exit_code == 2
+def test_every_suite_hook_names_an_existing_attribute() -> None:
+    for name, value in TEST_HOOKS.items():
+        module, _, attribute = name.rpartition(".")
+        assert hasattr(__import__(module, fromlist=[attribute]), attribute), name
+        assert isinstance(value, float)
 
 
-def test_slot_wait_report_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = database.SLOT_WAIT_LOG_INTERVAL_ENV
-    monkeypatch.delenv(env, raising=False)
-    assert database._slot_wait_log_interval_s() == database.SLOT_WAIT_LOG_INTERVAL_S == 5.0
-    monkeypatch.setenv(env, "1")
-    assert database._slot_wait_log_interval_s() == 1.0
-    for raw in ("soon", "0.5", "6", "nan"):
-        monkeypatch.setenv(env, raw)
-        with pytest.raises(ConfigError, match=env):
-            database._slot_wait_log_interval_s()
+def test_the_launcher_sets_a_hook_before_the_command_runs(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(PROJECT_ROOT / 'tests')!r})\n"
+        "from support import launch\n"
+        "import cdcd.cli\n"
+        "cdcd.cli.main = lambda argv: print(__import__('cdcd.daemon').daemon.STARTUP_RETRY_S)"
+        " or 0\n"
+        "sys.exit(launch.main(sys.argv[1:]))\n",
+        encoding="utf-8",
+    )
+    argv = launch.command(["run"], {"cdcd.daemon.STARTUP_RETRY_S": 4.0})
+    result = subprocess.run(
+        [argv[0], str(probe), *argv[2:]], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "4.0"
+
+
+def test_an_unknown_hook_fails_loudly() -> None:
+    result = subprocess.run(
+        launch.command(["--version"], {"cdcd.daemon.NO_SUCH_WAIT_S": 1}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "NO_SUCH_WAIT_S: no such attribute" in result.stderr

@@ -8,27 +8,33 @@ is not confirmed past the transaction before it.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from support.cdc import PROJECT_ROOT, SHORT_STARTUP_RETRY_ENV, DaemonProcess, wait_for, write_config
+from support.cdc import (
+    PROJECT_ROOT,
+    SHORT_STARTUP_RETRY,
+    DaemonProcess,
+    cdcd_argv,
+    wait_for,
+    write_config,
+)
 from support.pg import current_wal_lsn, lsn_to_int, slot_confirmed_flush_lsn
 
 from cdcd.local.postgres import free_port
 
 
 def _cdcd(*args: str, timeout: float = 120,
-          env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+          hooks: Mapping[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, **(env or {})},
+        cdcd_argv(*args, hooks=hooks), cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=timeout,
     )
 
 
@@ -80,7 +86,7 @@ def test_unreachable_postgres_is_exit_1(tmp_path: Path, broker) -> None:
             "kafka": {"bootstrap_servers": broker.bootstrap_servers},
             "metrics": {"listen": "127.0.0.1:0"}}
     started = time.monotonic()
-    result = _cdcd("run", "-c", str(_config(tmp_path, data)), env=SHORT_STARTUP_RETRY_ENV)
+    result = _cdcd("run", "-c", str(_config(tmp_path, data)), hooks=SHORT_STARTUP_RETRY)
     assert result.returncode == 1
     line = _one_line(result)
     assert "PostgreSQL unreachable" in line and "hunter2" not in result.stderr

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg2.extras
 import pytest
-from support.cdc import PROJECT_ROOT, SHORT_STARTUP_RETRY_ENV, wait_for, write_config
+from support.cdc import PROJECT_ROOT, SHORT_STARTUP_RETRY, wait_for, write_config
 from support.pg import create_publication, create_slot
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ def test_check_and_run_name_the_other_consumer_of_the_slot(pg, broker, daemons, 
             assert expected in line, (expected, line)
 
         # `run` says the same, once per retry, and exits 1 after the startup window.
-        daemon = daemons(config, env=SHORT_STARTUP_RETRY_ENV)
+        daemon = daemons(config, hooks=SHORT_STARTUP_RETRY)
         assert daemon.wait(120) == 1, daemon.log()
         log = daemon.log()
         final = log.strip().splitlines()[-1]

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 #: 5 s (cdcd.source.database.SLOT_WAIT_LOG_INTERVAL_ENV, a test hook): the
 #: first report, which each test waits for, comes 4 s sooner. The in-process
 #: test below keeps the production interval (it counts the beats before it).
-FAST_REPORTS = {"CDCD_TEST_SLOT_WAIT_LOG_INTERVAL_S": "1"}
+FAST_REPORTS = {"cdcd.source.database.SLOT_WAIT_LOG_INTERVAL_S": 1.0}
 
 MODES = pytest.mark.parametrize(
     "snapshot_mode", ["never", "initial"], ids=["sql-function", "exported-snapshot"]
@@ -118,7 +118,8 @@ def test_slot_creation_names_the_open_transaction_then_streams(
         config,
         tmp_path / "daemon.log",
         # A watchdog ping every second.
-        env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", **FAST_REPORTS},
+        env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"},
+        hooks=FAST_REPORTS,
     )
     try:
         line = _wait_line(daemon, slot, holder_pid)
@@ -163,7 +164,7 @@ def test_stop_while_waiting_for_slot_creation_cancels_it(
     holder, holder_pid = _hold_transaction(pg)
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(cdc_config(tables=["public.t"], extra={"snapshot": {"mode": snapshot_mode}}),
-                     env=FAST_REPORTS)
+                     hooks=FAST_REPORTS)
     _wait_line(daemon, slot, holder_pid)
 
     assert daemon.terminate(timeout_s=30) == 0, daemon.log()

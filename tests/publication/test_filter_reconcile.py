@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cdc import cdcd_argv
 from support.pg import PgDatabase
 
 from cdcd.config.model import PostgresConfig
@@ -128,7 +129,7 @@ def test_a_publication_cdcd_does_not_own_is_refused_when_it_differs(
         "created (create_publication: true)"
     )
     run = subprocess.run(
-        [sys.executable, "-m", "cdcd", "run", "-c", str(config)],
+        cdcd_argv("run", "-c", str(config)),
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert run.returncode == 3, run.stderr

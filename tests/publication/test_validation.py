@@ -10,12 +10,11 @@ each only connects, validates and exits.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import write_config
+from support.cdc import cdcd_argv, write_config
 from support.pg import PgDatabase
 
 from cdcd.cli import main
@@ -126,7 +125,7 @@ def test_each_refusal_is_one_line_and_nothing_is_created(
     }
     runs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "cdcd", "run", "-c", str(path)],
+            cdcd_argv("run", "-c", str(path)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

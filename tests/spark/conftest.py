@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import launch
 from support.cdc import PROJECT_ROOT
 
 SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
@@ -47,26 +48,23 @@ class MirrorProcess:
     """``python -m cdcd mirror -c FILE --output DIR [--once]`` as a child process."""
 
     def __init__(
-        self, config: Path, output: Path, log_path: Path, once: bool, history: bool = False
+        self,
+        config: Path,
+        output: Path,
+        log_path: Path,
+        once: bool,
+        history: bool = False,
+        fault: str = "",
     ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        command = [
-            sys.executable,
-            "-m",
-            "cdcd",
-            "mirror",
-            "-c",
-            str(config),
-            "--output",
-            str(output),
-        ]
+        args = ["mirror", "-c", str(config), "--output", str(output)]
         if once:
-            command.append("--once")
+            args.append("--once")
         if history:
-            command.append("--history")
+            args.append("--history")
         self.proc = subprocess.Popen(
-            command,
+            launch.command(args, {"cdcd.spark.mirror.FAULT": fault} if fault else None),
             cwd=PROJECT_ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -101,9 +99,11 @@ class MirrorProcess:
 def mirrors(tmp_path: Path) -> Iterator[Callable[..., MirrorProcess]]:
     started: list[MirrorProcess] = []
 
-    def start(config: Path, output: Path, *, once: bool, history: bool = False) -> MirrorProcess:
+    def start(
+        config: Path, output: Path, *, once: bool, history: bool = False, fault: str = ""
+    ) -> MirrorProcess:
         process = MirrorProcess(
-            config, output, tmp_path / f"mirror-{len(started)}.log", once, history
+            config, output, tmp_path / f"mirror-{len(started)}.log", once, history, fault
         )
         started.append(process)
         return process

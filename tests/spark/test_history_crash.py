@@ -5,7 +5,7 @@ the table's; each carries the batch's Delta transaction id, so a batch
 replayed after a crash skips the commits it finds done. A child process
 applies a seeded history (inserts, updates, deletes, key changes and a
 truncate over five batches, without Spark: :class:`spark.handbuilt.Mirror`)
-and SIGKILLs itself at a fault point of batch 2 (``CDCD_MIRROR_FAULT``):
+and SIGKILLs itself at a fault point of batch 2 (``cdcd.spark.mirror.FAULT``, set in the child):
 before the history commit, with a history data file written but not
 committed, after the history commit (before the table's), and after the
 table's commit (before the batch counts as done). A second run replays
@@ -16,7 +16,6 @@ rows.
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
@@ -29,7 +28,6 @@ from support.cdc import PROJECT_ROOT
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("deltalake")
 
-from cdcd.spark import mirror as mirror_module  # noqa: E402
 from cdcd.spark.mirror import HistoryOptions, read_mirror  # noqa: E402
 from spark.envelopes import Message  # noqa: E402
 from spark.handbuilt import Mirror, Topic, column, envelope, key  # noqa: E402
@@ -98,19 +96,17 @@ _CHILD = """
 import sys
 sys.path.insert(0, "tests")
 from pathlib import Path
+import cdcd.spark.mirror
 from spark.test_history_crash import apply_all
+cdcd.spark.mirror.FAULT = sys.argv[2]
 apply_all(Path(sys.argv[1]))
 """
 
 
 def _run_child(root: Path, fault: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != mirror_module.FAULT_ENV}
-    if fault is not None:
-        env[mirror_module.FAULT_ENV] = fault
     return subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root)],
+        [sys.executable, "-c", _CHILD, str(root), fault or ""],
         cwd=PROJECT_ROOT,
-        env=env,
         capture_output=True,
         text=True,
         timeout=600,

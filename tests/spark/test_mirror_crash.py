@@ -5,7 +5,7 @@ batch's progress (the ``txn`` action: Spark query id and batch id) and the
 mirror state are in that entry. So:
 
 * ``kill -9`` while a MERGE has written its data file but not the log entry
-  (fault hook ``CDCD_MIRROR_FAULT=in-merge``: the process SIGKILLs itself the
+  (fault point ``cdcd.spark.mirror.FAULT = "in-merge"``: the process SIGKILLs itself the
   moment such a file exists) leaves the table at its previous version, and
   the next run applies the batch once -- in a child process applying a
   batch without Spark (default suite), and with ``cdcd mirror`` itself
@@ -37,7 +37,6 @@ from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 pytest.importorskip("pyspark")
 pytest.importorskip("deltalake")
 
-from cdcd.spark import mirror as mirror_module
 from cdcd.spark.mirror import MirrorStore, read_mirror
 from spark.test_mirror_apply import _store_batch, change, row
 
@@ -72,7 +71,9 @@ def _uncommitted_files(table: Path) -> set[str]:
 _CHILD = """
 import sys
 sys.path.insert(0, "tests")
+import cdcd.spark.mirror
 from cdcd.spark.mirror import MirrorStore
+cdcd.spark.mirror.FAULT = sys.argv[2]
 from spark.test_mirror_apply import _store_batch, change, row
 store = MirrorStore(sys.argv[1])
 store.open()
@@ -92,9 +93,8 @@ def test_kill_9_inside_a_merge_commit_leaves_the_previous_version(tmp_path: Path
     )
     before = read_mirror(str(table))
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path)],
+        [sys.executable, "-c", _CHILD, str(tmp_path), "in-merge:1"],
         cwd=PROJECT_ROOT,
-        env={**os.environ, mirror_module.FAULT_ENV: "in-merge:1"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -171,7 +171,6 @@ def test_cdcd_mirror_killed_inside_a_merge_commit_catches_up_once(
     daemons: Callable[[Path], DaemonProcess],
     mirrors: Callable[..., Any],
     mirror_once: Callable[[Path, Path], float],
-    monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
     source = _Source(pg, cdc_config, daemons)
@@ -186,10 +185,8 @@ def test_cdcd_mirror_killed_inside_a_merge_commit_catches_up_once(
     built = _commits(table)
 
     source.run(*CHANGES)
-    monkeypatch.setenv(mirror_module.FAULT_ENV, "in-merge")
-    killed = mirrors(source.config, output, once=True)
+    killed = mirrors(source.config, output, once=True, fault="in-merge")
     assert killed.wait(300) == -9, killed.log()
-    monkeypatch.delenv(mirror_module.FAULT_ENV)
     assert "written but not committed" in killed.log()
     assert _uncommitted_files(table), "the kill did not land between data files and commit"
     assert _commits(table) == built  # nothing of the batch is visible

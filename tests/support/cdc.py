@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -26,15 +25,26 @@ import fastavro
 import yaml
 from confluent_kafka.admin import AdminClient
 
+from support import launch
 from support.kafka import consume_all
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
+#: Hooks every ``cdcd`` the suite starts gets (tests/support/launch.py sets
+#: them in the child before its command runs): the signal table is read every
+#: 0.2 s, not every 2 s, so requested snapshots and schema-change heals start
+#: sooner and chained ones do not wait 2 s each; nothing else changes.
+TEST_HOOKS: dict[str, Any] = {"cdcd.snapshot.incremental.POLL_INTERVAL_S": 0.2}
+
 #: For a daemon (or ``cdcd run``) a test expects to exit 1 once its startup
-#: retries are used up: a 4 s window (cdcd.daemon.STARTUP_RETRY_ENV, a test
-#: hook) still retries twice (backoff 1 s, 2 s) but spares the test the
-#: production 30 s window (about 15 s of waiting each).
-SHORT_STARTUP_RETRY_ENV = {"CDCD_TEST_STARTUP_RETRY_S": "4"}
+#: retries are used up: a 4 s window still retries twice (backoff 1 s, 2 s)
+#: but spares the test the production 30 s window (about 15 s of waiting each).
+SHORT_STARTUP_RETRY = {"cdcd.daemon.STARTUP_RETRY_S": 4.0}
+
+
+def cdcd_argv(*args: str, hooks: Mapping[str, Any] | None = None) -> list[str]:
+    """The argv of ``cdcd ARGS`` as the suite runs it: with :data:`TEST_HOOKS` and ``hooks``."""
+    return launch.command(args, {**TEST_HOOKS, **(hooks or {})})
 
 
 def write_config(
@@ -77,14 +87,20 @@ def write_config(
 
 
 class DaemonProcess:
-    """``python -m cdcd run -c FILE`` as a child process, killable at will."""
+    """``cdcd run -c FILE`` as a child process (with test hooks), killable at will."""
 
-    def __init__(self, config: Path, log_path: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        hooks: Mapping[str, Any] | None = None,
+    ) -> None:
         self.config = config
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdcd", "run", "-c", str(config)],
+            cdcd_argv("run", "-c", str(config), hooks=hooks),
             cwd=PROJECT_ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,

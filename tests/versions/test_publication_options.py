@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from support.cdc import (
     Change,
     DaemonProcess,
     SchemaBook,
+    cdcd_argv,
     read_changes,
     read_records,
     replay,
@@ -107,7 +107,7 @@ def test_row_filters_are_refused_below_15(
     assert main(["check", "-c", str(config)]) == 2
     assert f"FAIL {line}" in capsys.readouterr().out.splitlines()
     run = subprocess.run(
-        [sys.executable, "-m", "cdcd", "run", "-c", str(config)],
+        cdcd_argv("run", "-c", str(config)),
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert (run.returncode, run.stderr.splitlines()[-1]) == (2, f"cdcd: error: {line}")

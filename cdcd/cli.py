@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="throughput, latency and memory on a fixed workload (docs/performance.md)"
     )
-    from cdcd.bench import add_arguments as add_bench_arguments
+    from cdcd.tools.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
     mirror = sub.add_parser("mirror", help="keep Delta Lake mirrors of the tables with Spark")
@@ -151,50 +151,6 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
-class _KafkaLines(logging.Handler):
-    """The Kafka client's distinct error lines, kept for ``check``'s kafka line instead of printed."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        # "FAIL [rdkafka#producer-1] [thrd:…]: what happened": only what happened.
-        text = record.getMessage().rpartition("]: ")[2].split(" (repeated ")[0]
-        if text not in self.lines:
-            self.lines.append(text)
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    from cdcd.check import run_checks
-
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"FAIL config: {exc}")
-        return ConfigError.exit_code
-    # One line per check: librdkafka's own lines (one per reconnect attempt) would
-    # interleave with them; the first is added to the kafka line. --debug shows all.
-    kafka_lines = _KafkaLines()
-    if not getattr(args, "debug", False):
-        kafka_log = logging.getLogger("cdcd.kafka")
-        kafka_log.addHandler(kafka_lines)
-        kafka_log.propagate = False
-    print(f"ok   config: {args.config}")
-    failed = config_failed = 0
-    for result in run_checks(config):
-        line = result.line
-        if not result.ok and line.startswith("kafka:") and kafka_lines.lines:
-            line += f" (librdkafka: {kafka_lines.lines[0]})"
-        print(f"{'ok  ' if result.ok else 'FAIL'} {line}", flush=True)
-        failed += not result.ok
-        config_failed += not result.ok and result.config
-    # A configuration mistake exits 2, as `run` would on it; other failures 1.
-    if config_failed:
-        return ConfigError.exit_code
-    return 1 if failed else 0
-
-
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from cdcd.snapshot.request import request_snapshot
 
@@ -282,14 +238,14 @@ def _lazy(name: str, module: str, attr: str) -> Callable[[argparse.Namespace], i
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": cmd_run,
-        "check": cmd_check,
+        "check": _lazy("check", "cdcd.tools.check", "cmd_check"),
         "schemas": cmd_schemas,
         "snapshot": cmd_snapshot,
         "resync": cmd_resync,
-        "demo": _lazy("demo", "cdcd.demo", "cmd_demo"),
+        "demo": _lazy("demo", "cdcd.tools.demo", "cmd_demo"),
         "tail": _lazy("tail", "cdcd.tail", "cmd_tail"),
-        "local": _lazy("local", "cdcd.demo", "cmd_local"),
-        "bench": _lazy("bench", "cdcd.bench", "cmd_bench"),
+        "local": _lazy("local", "cdcd.tools.local.keep", "cmd_local"),
+        "bench": _lazy("bench", "cdcd.tools.bench", "cmd_bench"),
         "mirror": _lazy("mirror", "cdcd.spark.cli", "cmd_mirror"),
     }
     return commands[name]

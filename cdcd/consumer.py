@@ -193,7 +193,7 @@ class SchemaCatalog:
         client_config: Mapping[str, Any] | None = None,
         timeout_s: float = 30.0,
         registry_url: str | None = None,
-        registry_config: Mapping[str, str] | None = None,
+        registry_config: Mapping[str, Any] | None = None,  # credentials may be SecretStr
         registry_client: Any | None = None,
     ) -> None:
         self.prefix = prefix

@@ -32,13 +32,13 @@ from confluent_kafka import KafkaException
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import ConfigError, DefiniteError, StartupRetriesExhausted, TransientError
 from cdcd.observability import systemd
-from cdcd.observability.http import Health, MetricsServer
+from cdcd.observability.http import Health, MetricsServer, parse_listen
 from cdcd.observability.http import start as start_http
 from cdcd.observability.metrics import Metrics, ReconnectReason
+from cdcd.pipeline.parts import real_parts
 from cdcd.pipeline.session import Session, SessionState
+from cdcd.pipeline.startup import describe_bind_error, listen_error
 from cdcd.sink.producer import ProducerFatalError
-from cdcd.snapshot.daemons import publication_clash
-from cdcd.source.database import SourceDatabase
 from cdcd.source.slot_holder import SlotInUseError
 
 log = logging.getLogger("cdcd.daemon")
@@ -75,6 +75,7 @@ _ORIGIN_REASONS: tuple[tuple[str, ReconnectReason], ...] = (
     ("cdcd.envelope.wire", "schema_registry"),
     ("cdcd.sink.", "kafka"),
     ("cdcd.pipeline.session", "delivery"),
+    ("cdcd.pipeline.parts", "delivery"),  # a schema publication that timed out
 )
 
 
@@ -130,6 +131,12 @@ def reconnect_reason(exc: BaseException) -> ReconnectReason:
     return "other"
 
 
+def startup_hint(exc: BaseException) -> str:
+    """What to do when ``exc`` still fails at the end of the startup retry window."""
+    remedy = getattr(exc, "hint", None)  # e.g. SlotInUseError knows what to do
+    return remedy or _STARTUP_HINTS.get(reconnect_reason(exc), _STARTUP_HINTS["other"])
+
+
 class _DaemonState(SessionState):
     """Session state whose heartbeat also feeds /healthz and the systemd watchdog."""
 
@@ -153,6 +160,7 @@ class Daemon:
         self.state = _DaemonState(self.health, systemd.Watchdog())
         self._ready_notified = False
         self.server: MetricsServer | None = None
+        self.parts = real_parts(config)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stop.is_set():
@@ -170,12 +178,6 @@ class Daemon:
             systemd.notify_ready("streaming")
             self._ready_notified = True
 
-    def _preflight(self) -> None:
-        """Before the first session: what starting would break for another daemon."""
-        pg = self.config.postgres
-        with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
-            publication_clash(db, pg, self.config.snapshot.signal_table)
-
     def run(self) -> int:
         """Run sessions until stopped; returns the exit code."""
         retry_window_s = STARTUP_RETRY_S
@@ -187,25 +189,27 @@ class Daemon:
         except DefiniteError as exc:
             # start_http could not bind: the configured address is the mistake
             # (in use, not local, not permitted), so exit 2, not 3.
+            # `cdcd check` says the same (the startup plan's metrics step).
             cause = exc.__cause__
-            reason = (cause.strerror or str(cause)) if isinstance(cause, OSError) else str(exc)
-            raise ConfigError(
-                f"metrics.listen {listen}: cannot listen: {reason}",
-                hint="choose a free local address for metrics.listen",
-            ) from exc
+            host = parse_listen(listen)[0]
+            reason = describe_bind_error(host, cause) if isinstance(cause, OSError) else str(exc)
+            raise listen_error(listen, reason) from exc
         backoff = BACKOFF_INITIAL_S
         daemon_started = time.monotonic()
-        preflight_done = False
         try:
             while not self.stop.is_set():
                 started = time.monotonic()
+                # Each session starts with the startup plan (cdcd.pipeline.startup)
+                # and makes its connections anew from the parts.
                 session = Session(
-                    self.config, self.stop, self.metrics, self.state, self._on_streaming
+                    self.config,
+                    self.stop,
+                    self.metrics,
+                    self.state,
+                    self._on_streaming,
+                    parts=self.parts,
                 )
                 try:
-                    if not preflight_done:
-                        self._preflight()
-                        preflight_done = True
                     session.run()
                 except TransientError as exc:
                     if self.stop.is_set():
@@ -213,11 +217,10 @@ class Daemon:
                     reason = reconnect_reason(exc)
                     elapsed = time.monotonic() - daemon_started
                     if not self.state.ever_streamed and elapsed >= retry_window_s:
-                        remedy = getattr(exc, "hint", None)  # e.g. SlotInUseError knows what to do
                         raise StartupRetriesExhausted(
                             f"{getattr(exc, 'message', exc)} "
                             f"(still failing after {elapsed:.0f} s of retries at startup)",
-                            hint=remedy or _STARTUP_HINTS.get(reason, _STARTUP_HINTS["other"]),
+                            hint=startup_hint(exc),
                         ) from exc
                     if time.monotonic() - started > BACKOFF_RESET_AFTER_S:
                         backoff = BACKOFF_INITIAL_S

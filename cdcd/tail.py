@@ -38,7 +38,7 @@ from datetime import date, datetime
 from datetime import time as dt_time
 from decimal import Decimal
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from cdcd.config.kafka_client import connection_properties
 from cdcd.config.model import CdcdConfig, load_config
@@ -162,6 +162,24 @@ def describe_change(
     if toast:
         text += f"  unchanged TOAST: {', '.join(toast)}"
     return text
+
+
+_Row = TypeVar("_Row", bound=Mapping[str, Any])
+
+
+def remember_row(
+    last: dict[tuple[str, str], _Row], row_id: tuple[str, str], op: str, after: _Row | None
+) -> None:
+    """Keep ``last`` (``(table, key)`` -> newest after-image) as a mirror holds the
+    table: a truncate empties the table, a delete drops the row (the
+    ``last_seen`` of :func:`describe_change`)."""
+    if op == "t":
+        for stale in [r for r in last if r[0] == row_id[0]]:
+            del last[stale]
+    elif after is None:
+        last.pop(row_id, None)
+    else:
+        last[row_id] = after
 
 
 def _plain(value: Any) -> Any:
@@ -424,14 +442,7 @@ class Printer:
         self._out.write(
             f"{change.table} {op} {key_text} {Lsn(change.lsn)} #{change.seq}  {text}".rstrip() + "\n"
         )
-        after = envelope.get("after")
-        if op == "t":
-            for stale in [r for r in self._last if r[0] == change.table]:
-                del self._last[stale]
-        elif after is None:
-            self._last.pop(row_id, None)
-        else:
-            self._last[row_id] = after
+        remember_row(self._last, row_id, op, envelope.get("after"))
 
 
 # ------------------------------------------------------------------------ command

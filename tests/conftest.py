@@ -1,6 +1,6 @@
 """Shared fixtures: a throwaway PostgreSQL cluster and tansu broker per session.
 
-- ``pg_cluster`` (session): :class:`cdcd.local.LocalPostgres` with default
+- ``pg_cluster`` (session): :class:`cdcd.tools.local.LocalPostgres` with default
   settings (wal_level=logical, 20 slots/walsenders, prepared transactions).
 - ``pg`` (function): a fresh database on ``pg_cluster``
   (:class:`support.pg.PgDatabase`); afterwards its walsenders are
@@ -9,8 +9,8 @@
   version=...)`` for tests that need their own cluster (custom settings,
   restarts, crashes, another PostgreSQL major: ``version=12``).
 - ``pg_versions`` (session): the PostgreSQL majors installed here
-  (``cdcd.local.postgres.installed_versions``; ``.ci/setup`` installs 12-18).
-- ``broker`` (session): :class:`cdcd.local.LocalBroker`, in-memory storage.
+  (``cdcd.tools.local.postgres.installed_versions``; ``.ci/setup`` installs 12-18).
+- ``broker`` (session): :class:`cdcd.tools.local.LocalBroker`, in-memory storage.
   Tests that freeze or restart a broker should use ``make_broker()`` instead;
   a session broker left frozen by a failed test is thawed afterwards.
 - ``make_broker`` (function): factory for a private broker.
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -41,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from support.cdc import DaemonProcess, write_config
 from support.pg import PgDatabase
 
-from cdcd.local import LocalBroker, LocalPostgres
-from cdcd.local.postgres import SettingValue, installed_versions
+from cdcd.tools.local import LocalBroker, LocalPostgres
+from cdcd.tools.local.postgres import SettingValue, installed_versions
 
 _db_counter = itertools.count(1)
 
@@ -61,18 +60,8 @@ def pg_cluster() -> Iterator[LocalPostgres]:
 @pytest.fixture
 def pg(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[PgDatabase]:
     """A fresh database for one test, dropped (with its slots) afterwards."""
-    stem = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
-    dbname = f"t{next(_db_counter)}_{stem}"
-    pg_cluster.create_database(dbname)
-    db = PgDatabase(cluster=pg_cluster, dbname=dbname)
-    try:
+    with PgDatabase.fresh(pg_cluster, f"t{next(_db_counter)}", request.node.name) as db:
         yield db
-    finally:
-        db.close_connections()
-        if not pg_cluster.running:
-            # A test stopped the shared cluster: bring it back for the others.
-            pg_cluster.start_again()
-        db.drop()
 
 
 @pytest.fixture

@@ -37,18 +37,19 @@ def _failing_import(
 
 
 def _unload(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
-    """Forget ``module`` so the command imports it again (under the patched import)."""
-    monkeypatch.delitem(sys.modules, module, raising=False)
-    parent, _, child = module.rpartition(".")
-    if parent in sys.modules and hasattr(sys.modules[parent], child):
-        monkeypatch.delattr(sys.modules[parent], child)
+    """Forget ``module`` and its submodules so the command imports them again (patched import)."""
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules and hasattr(sys.modules[parent], child):
+            monkeypatch.delattr(sys.modules[parent], child)
 
 
 @pytest.mark.parametrize(
     ("command", "module", "inner"),
     [
-        ("demo", "cdcd.demo", "cdcd.local.workload"),
-        ("bench", "cdcd.bench", "cdcd.local.workload"),
+        ("demo", "cdcd.tools.demo", "cdcd.tools.local.workload"),
+        ("bench", "cdcd.tools.bench", "cdcd.tools.local.workload"),
         ("mirror", "cdcd.spark.cli", "cdcd.errors"),
     ],
 )

@@ -27,8 +27,8 @@ from cdcd.consumer import (
     wire_header,
 )
 from cdcd.errors import DefiniteError, TransientError
-from cdcd.local import LocalBroker
-from cdcd.local.postgres import free_port
+from cdcd.tools.local import LocalBroker
+from cdcd.tools.local.postgres import free_port
 
 
 def test_wire_headers_of_both_formats() -> None:

@@ -275,7 +275,7 @@ def test_demo_stops_cleanly_on_ctrl_c() -> None:
 
 
 def test_count_mismatches_compares_per_table_and_op() -> None:
-    from cdcd.demo import count_mismatches
+    from cdcd.tools.demo.feed import count_mismatches
 
     written = {("public.orders", "c"): 58, ("public.orders", "u"): 10}
     # Equal totals, but five inserts missing behind five extra updates.

@@ -7,8 +7,10 @@ The check itself is ``python -m tests.support.import_layers`` (also run by
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.import_layers import (
     ROOT,
@@ -45,11 +47,11 @@ def test_a_loop_and_an_upward_import_are_reported() -> None:
 def test_restricted_packages_and_unknown_packages_are_reported() -> None:
     producer = Site("cdcd/spark/reader.py", 1, "cdcd.sink.producer", False)
     topics = Site("cdcd/spark/reader.py", 2, "cdcd.sink.topics", False)
-    local = Site("cdcd/daemon.py", 3, "cdcd.local", False)
+    local = Site("cdcd/daemon.py", 3, "cdcd.tools.local", False)
     problems = violations(
         {
             ("spark", "sink"): [producer, topics],
-            ("daemon", "local"): [local],
+            ("daemon", "tools"): [local],
             ("nova", "errors"): [local],
         }
     )
@@ -60,7 +62,7 @@ def test_restricted_packages_and_unknown_packages_are_reported() -> None:
     # An entry ``package.module`` allows that module only.
     assert _allowed("cdcd.sink.topics", frozenset({"sink.topics"}))
     assert not _allowed("cdcd.sink.producer", frozenset({"sink.topics"}))
-    assert any(p.startswith("local may only be used by bench, demo, not daemon") for p in problems)
+    assert any(p.startswith("tools may only be used by cli, not daemon") for p in problems)
     assert any("'nova' has no layer" in p for p in problems)
 
 
@@ -85,3 +87,21 @@ def test_the_graph_sees_the_real_edges() -> None:
     assert ("pipeline", "ack") in edges
     assert ("decode", "avro") in edges and ("envelope", "avro") in edges
     assert all(site.path.startswith("cdcd/") for sites in edges.values() for site in sites)
+
+
+def test_the_daemon_importing_an_operator_tool_is_refused(tmp_path: Path) -> None:
+    """A copy of cdcd whose session imports the demo fails the check, naming the line."""
+    copy = tmp_path / "cdcd"
+    shutil.copytree(ROOT / "cdcd", copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    assert violations(import_graph(copy)) == []
+    session = copy / "pipeline" / "session.py"
+    text = session.read_text(encoding="utf-8")
+    line = text.count("\n") + 1
+    session.write_text(text + "from cdcd.tools.demo import cmd_demo  # noqa\n", encoding="utf-8")
+    problems = violations(import_graph(copy))
+    assert any(p.startswith("tools may only be used by cli, not pipeline") for p in problems)
+    assert f"    cdcd/pipeline/session.py:{line} cdcd.tools.demo" in problems
+    # tools sits above the daemon too: the same import is an upward one.
+    assert any(p.startswith("upward or sideways import: pipeline (layer") for p in problems)
+    # The command line is the one package that may use the tools.
+    assert ("cli", "tools") in import_graph()

@@ -25,7 +25,7 @@ from support.pg import (
     slot_confirmed_flush_lsn,
 )
 
-from cdcd.local import LocalBroker, LocalPostgres, PostgresSetupError
+from cdcd.tools.local import LocalBroker, LocalPostgres, PostgresSetupError
 
 pytestmark = pytest.mark.integration
 
@@ -226,7 +226,7 @@ def test_drop_database_rolls_back_prepared_transactions(pg_cluster: LocalPostgre
 def test_port_in_use_is_retried_and_bad_settings_rejected(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import cdcd.local.postgres as local_pg
+    import cdcd.tools.local.postgres as local_pg
 
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))

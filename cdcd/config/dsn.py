@@ -4,9 +4,13 @@ libpq accepts two forms. Keyword/value (``host=db password='a b\\'c'``): a value
 runs to the next whitespace unless it starts with ``'``; inside and outside
 quotes ``\\`` escapes the next character. URI
 (``postgresql://user:password@host/db?password=...``): components are
-percent-encoded. ``parse_keyword_dsn`` follows libpq's ``conninfo_parse``
-character by character, so what cdcd masks or quotes is exactly what libpq
-reads as the value.
+percent-encoded. Values are quoted by libpq's own rules (psycopg2's
+``make_dsn``). libpq's ``parse_dsn`` gives values but not where they stand in
+the text, which masking and ``${VAR}`` substitution need (they keep the rest
+of what the operator wrote as written): ``parse_keyword_dsn`` follows libpq's
+``conninfo_parse`` character by character for that, and the tests hold its
+values to ``parse_dsn``'s, so what cdcd masks or rewrites is exactly what
+libpq reads as the value.
 
 Why not a regex: a password may contain spaces, quotes, ``=`` and
 backslashes; a pattern that stops at the first space masked only the first word
@@ -21,11 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+import psycopg2.extensions
+
 __all__ = [
     "DsnSyntaxError",
     "DsnValue",
     "is_uri",
     "parse_keyword_dsn",
+    "quote_keyword_value",
     "redact_dsn",
     "redact_dsn_message",
     "substitute_dsn",
@@ -215,16 +222,16 @@ def redact_dsn_message(message: str, dsn: str) -> str:
 
 _Item = str | re.Match[str]
 
-
-def _quote_keyword_value(value: str) -> str:
-    """``value`` as libpq reads it back: as it is when that is unambiguous, else single-quoted."""
-    if value and not any(c in _SPACE or c in "'\\" for c in value):
-        return value
-    return "'" + _escape_in_quotes(value) + "'"
+#: Stands for the n-th placeholder while the template is split into values: a
+#: control character no DSN holds, and no blank, so it stays inside its value.
+_TOKEN = "\x01{}\x01"
+_TOKENS = re.compile("\x01([0-9]+)\x01")
 
 
-def _escape_in_quotes(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
+def quote_keyword_value(value: str) -> str:
+    """``value`` written the way libpq reads it back exactly (``make_dsn``'s quoting)."""
+    quoted: str = psycopg2.extensions.make_dsn(password=value)
+    return quoted.removeprefix("password=")
 
 
 def substitute_dsn(
@@ -232,97 +239,62 @@ def substitute_dsn(
 ) -> str:
     """Replace each ``placeholder`` match in ``template`` so the DSN reads back its exact value.
 
-    Keyword form: a placeholder in an unquoted value makes that value one
-    single-quoted value (``\\`` and ``'`` escaped) when it is empty or holds a
-    blank, quote or backslash; inside a quoted value only ``\\`` and ``'`` are
-    escaped; in keyword position (``dsn: ${WHOLE_DSN}``) the text is inserted
-    as it is. URI form: placeholders in the userinfo, the
-    database path and query values are percent-encoded; in the host list and
-    query keys they are inserted as they are.
+    Keyword form: every value that holds a placeholder is rewritten whole, as
+    libpq reads it with the placeholder's text in place, quoted by libpq's
+    rules (``make_dsn``); the rest of the template stays as written. A
+    template that is not keyword/value text with placeholders as values
+    (``dsn: ${WHOLE_DSN}``, a placeholder in keyword position) gets the text
+    inserted as it is. URI form: placeholders in the userinfo, the database
+    path and query values are percent-encoded; in the host list and query
+    keys they are inserted as they are.
     """
-    items: list[_Item] = []
-    last = 0
-    for match in placeholder.finditer(template):
-        items.extend(template[last : match.start()])
-        items.append(match)
-        last = match.end()
-    items.extend(template[last:])
+    matches = list(placeholder.finditer(template))
+    if not matches:
+        return template
     # The form is decided by the literal text before the first placeholder, so
     # ``dsn: ${DATABASE_URL}`` is inserted as it is.
-    first = placeholder.search(template)
-    head = template if first is None else template[: first.start()]
+    head = template[: matches[0].start()]
     if is_uri(head) and "://" in head:
+        items: list[_Item] = []
+        last = 0
+        for match in matches:
+            items.extend(template[last : match.start()])
+            items.append(match)
+            last = match.end()
+        items.extend(template[last:])
         # Literal characters are one item each, so this index holds in ``items``.
         return _substitute_uri(items, head.index("://") + 3, value_of)
-    return _substitute_keywords(items, value_of)
+    return _substitute_keywords(template, matches, value_of)
 
 
-def _is_space(item: _Item) -> bool:
-    return isinstance(item, str) and item in _SPACE
-
-
-def _substitute_keywords(items: list[_Item], value_of: Callable[[re.Match[str]], str]) -> str:
-    def plain(item: _Item) -> str:
-        return item if isinstance(item, str) else value_of(item)
-
+def _substitute_keywords(
+    template: str, matches: list[re.Match[str]], value_of: Callable[[re.Match[str]], str]
+) -> str:
+    values = [value_of(match) for match in matches]
+    tokens: list[str] = []
+    last = 0
+    for i, match in enumerate(matches):
+        tokens.append(template[last : match.start()])
+        tokens.append(_TOKEN.format(i))
+        last = match.end()
+    tokens.append(template[last:])
+    tokenized = "".join(tokens)
+    try:
+        parsed = parse_keyword_dsn(tokenized)
+    except DsnSyntaxError:
+        parsed = None
+    if parsed is None or any(_TOKENS.search(entry.keyword) for entry in parsed):
+        # Not values only (a piece of DSN, or malformed: libpq reports it).
+        return _TOKENS.sub(lambda m: values[int(m.group(1))], tokenized)
     out: list[str] = []
-    n = len(items)
-    i = 0
-    while i < n:
-        if _is_space(items[i]):
-            out.append(plain(items[i]))
-            i += 1
+    last = 0
+    for entry in parsed:
+        if not _TOKENS.search(entry.value):
             continue
-        # A placeholder in keyword position is a piece of DSN, not a value.
-        while i < n and items[i] != "=" and not _is_space(items[i]):
-            out.append(plain(items[i]))
-            i += 1
-        while i < n and _is_space(items[i]):
-            out.append(plain(items[i]))
-            i += 1
-        if i >= n or items[i] != "=":
-            continue  # malformed (libpq reports it) or completed by a placeholder
-        out.append("=")
-        i += 1
-        while i < n and _is_space(items[i]):
-            out.append(plain(items[i]))
-            i += 1
-        if i < n and items[i] == "'":
-            out.append("'")
-            i += 1
-            while i < n:
-                item = items[i]
-                i += 1
-                if isinstance(item, re.Match):
-                    out.append(_escape_in_quotes(value_of(item)))
-                elif item == "\\" and i < n:
-                    nxt = items[i]
-                    i += 1
-                    out.append("\\" + (nxt if isinstance(nxt, str) else _escape_in_quotes(value_of(nxt))))
-                else:
-                    out.append(item)
-                    if item == "'":
-                        break
-            continue
-        start = i
-        while i < n and not _is_space(items[i]):
-            i += 2 if items[i] == "\\" else 1  # an escaped blank does not end the value
-        i = min(i, n)
-        value_items = items[start:i]
-        if all(isinstance(item, str) for item in value_items):
-            out.extend(plain(item) for item in value_items)
-            continue
-        # libpq unescapes unquoted values too: decode, then quote the whole value.
-        chars: list[str] = []
-        j = 0
-        while j < len(value_items):
-            item = value_items[j]
-            j += 1
-            if item == "\\" and j < len(value_items):
-                item = value_items[j]
-                j += 1
-            chars.append(plain(item))
-        out.append(_quote_keyword_value("".join(chars)))
+        out.append(tokenized[last : entry.start])
+        out.append(quote_keyword_value(_TOKENS.sub(lambda m: values[int(m.group(1))], entry.value)))
+        last = entry.end
+    out.append(tokenized[last:])
     return "".join(out)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cdcd.config.secrets import reveal
+
 __all__ = ["admin_config", "connection_properties"]
 
 # Prefixes of librdkafka properties that concern connecting and authenticating,
@@ -42,11 +44,9 @@ _CONNECTION_PREFIXES = (
 
 
 def connection_properties(producer_props: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The connection and security properties among ``producer_props``."""
+    """The connection and security properties among ``producer_props``, secrets revealed."""
     return {
-        key: value
-        for key, value in (producer_props or {}).items()
-        if key.startswith(_CONNECTION_PREFIXES)
+        key: value for key, value in reveal(producer_props).items() if key.startswith(_CONNECTION_PREFIXES)
     }
 
 

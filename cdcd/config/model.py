@@ -8,7 +8,9 @@ with spaces or quotes reads back exactly. Validation errors are turned into one
 ``ConfigError`` line naming the field, an unknown key first with the nearest
 known key (exit code 2). Secrets (the DSN password, SASL/SSL passwords and
 keys, registry credentials) are masked by ``redacted()`` wherever
-configuration is printed or logged.
+configuration is printed or logged; those of ``kafka.producer`` and
+``schema_registry.config`` are held as ``SecretStr`` besides
+(:mod:`cdcd.config.secrets`), so no repr of the configuration shows them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    SecretStr,
     Tag,
     ValidationError,
     field_validator,
@@ -34,6 +37,7 @@ from pydantic import (
 # redact_dsn is re-exported: check and the source connection import it from here.
 from cdcd.config.dsn import redact_dsn as redact_dsn
 from cdcd.config.dsn import substitute_dsn
+from cdcd.config.secrets import PRODUCER_SECRET_KEYS, REGISTRY_SECRET_KEYS, conceal, is_secret_key
 from cdcd.errors import ConfigError
 from cdcd.naming import (
     matches_table,
@@ -45,11 +49,9 @@ from cdcd.naming import (
 )
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-#: librdkafka producer properties that hold secrets (passwords, client
-#: secrets, OAuth config, an inline private key).
-_SECRET_KEYS = ("password", "secret", "token", "sasl.oauthbearer.config", "ssl.key.pem", "ssl_key")
-#: SchemaRegistryClient settings that hold secrets ("user:password" in basic.auth.user.info).
-_REGISTRY_SECRET_KEYS = ("password", "secret", "token", "user.info", "ssl.key.pem")
+
+#: A ``kafka.producer`` value; secret ones are held as ``SecretStr`` (cdcd.config.secrets).
+ProducerValue = str | int | float | bool | SecretStr
 
 
 class _Model(BaseModel):
@@ -290,31 +292,38 @@ class KafkaConfig(_Model):
     transaction_records: bool = Field(
         False, description="publish BEGIN/END records per transaction to <prefix>.transaction"
     )
-    producer: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="librdkafka producer properties, passed through"
+    producer: dict[str, ProducerValue] = Field(
+        default_factory=dict,
+        description="librdkafka producer properties, passed through (passwords, secrets, "
+        "tokens and keys are held as secrets: never shown in a log or repr)",
     )
 
     @field_validator("producer")
     @classmethod
-    def _check_producer(
-        cls, props: dict[str, str | int | float | bool]
-    ) -> dict[str, str | int | float | bool]:
+    def _check_producer(cls, props: dict[str, ProducerValue]) -> dict[str, ProducerValue]:
         fixed = {"enable.idempotence", "acks", "bootstrap.servers"}
         clash = sorted(fixed & props.keys())
         if clash:
             raise ValueError(
                 f"{', '.join(clash)} cannot be overridden: cdcd requires idempotence and acks=all"
             )
-        return props
+        return conceal(props, PRODUCER_SECRET_KEYS)
 
 
 class SchemaRegistryConfig(_Model):
     url: str | None = Field(
         None, description="Confluent Schema Registry URL; null: Avro single-object encoding"
     )
-    config: dict[str, str] = Field(
-        default_factory=dict, description="extra SchemaRegistryClient settings (basic.auth...)"
+    config: dict[str, str | SecretStr] = Field(
+        default_factory=dict,
+        description="extra SchemaRegistryClient settings (basic.auth...; credentials are held "
+        "as secrets: never shown in a log or repr)",
     )
+
+    @field_validator("config")
+    @classmethod
+    def _conceal_credentials(cls, config: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        return conceal(config, REGISTRY_SECRET_KEYS)
 
 
 class SnapshotConfig(_Model):
@@ -430,11 +439,11 @@ class CdcdConfig(_Model):
         data["postgres"]["dsn"] = redact_dsn(self.postgres.dsn)
         producer = data["kafka"]["producer"]
         for key in producer:
-            if any(word in key.lower() for word in _SECRET_KEYS):
+            if is_secret_key(key, PRODUCER_SECRET_KEYS):
                 producer[key] = "***"
         registry = data["schema_registry"]
         for key in registry["config"]:
-            if any(word in key.lower() for word in _REGISTRY_SECRET_KEYS):
+            if is_secret_key(key, REGISTRY_SECRET_KEYS):
                 registry["config"][key] = "***"
         if registry["url"]:
             # https://user:password@host: everything up to the last "@" after a

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from cdcd.config.model import CdcdConfig
@@ -33,6 +33,8 @@ _SCALARS: dict[Any, str] = {
     int: "integer",
     float: "number",
     bool: "boolean",
+    # Held as a secret (never shown in a log or repr); written as a plain string.
+    SecretStr: "string",
     type(None): "null",
     Any: "any",
 }
@@ -53,7 +55,7 @@ def type_name(annotation: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(f"`{_literal(a)}`" for a in args)
     if origin in (Union, types.UnionType):
-        names = [type_name(a) for a in args if a is not type(None)]
+        names = list(dict.fromkeys(type_name(a) for a in args if a is not type(None)))
         if type(None) in args:
             names.append("null")
         return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]

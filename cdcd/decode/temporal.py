@@ -222,16 +222,20 @@ _ONE_MICROSECOND = timedelta(microseconds=1)
 _fromisoformat = datetime.fromisoformat
 
 
+def _iso(value: bytes) -> datetime | None:
+    """The C fast path: years 1..9999 AD, with any offset (+00, -03, +05:30, +00:53:28);
+    None for infinity, BC and five-digit years, which take the general parser."""
+    try:
+        return _fromisoformat(value.decode("ascii"))
+    except ValueError:
+        return None
+
+
 def _timestamp_from_text(value: bytes) -> bytes:
     last = _LAST_TIMESTAMP[0]
     if value == last[0]:
         return last[1]
-    try:
-        # C fast path for years 1..9999 AD, always in range; infinity, BC and
-        # five-digit years raise and take the general parser.
-        parsed = _fromisoformat(value.decode("ascii"))
-    except ValueError:
-        parsed = None
+    parsed = _iso(value)
     if parsed is not None and parsed.tzinfo is None and len(value) >= 19:
         micros = (parsed - _UNIX_EPOCH) // _ONE_MICROSECOND
     else:
@@ -245,12 +249,7 @@ def _timestamptz_from_text(value: bytes) -> bytes:
     last = _LAST_TIMESTAMPTZ[0]
     if value == last[0]:
         return last[1]
-    try:
-        # C fast path for years 1..9999 AD with any offset (+00, -03, +05:30,
-        # +00:53:28); infinity, BC and five-digit years take the general parser.
-        parsed = _fromisoformat(value.decode("ascii"))
-    except ValueError:
-        parsed = None
+    parsed = _iso(value)
     if parsed is None or parsed.tzinfo is None:
         micros = _timestamp_text_us(value, True)
     else:

@@ -17,6 +17,13 @@
  *   change is redone by the Python method, which raises the EncodeError with
  *   table, column and LSN, or handles the TOAST fill.
  *
+ * RowCodec.copy_reads does the same for snapshot reads straight from COPY
+ * text (cdcd.snapshot.rows.encode_reads): it splits each line itself and
+ * hands a line it does not take on (an escaped value, a field count that
+ * does not match, anything the row encoding hands back) to Python, which
+ * parses that line and encodes it with the reference (tests/snapshot/
+ * test_copy_reads.py).
+ *
  * Column kinds (the Python side maps each converter to one):
  *   0 OTHER        the Python converter, always
  *   1 STRING       Avro string/bytes of the text as sent: length, bytes
@@ -390,10 +397,9 @@ typedef struct {
     PyObject *convert;   /* the Python converter (strong reference) */
 } Column;
 
-/* The Avro encoding of text value `value` (bytes) of column `c`, without branch. */
-static int put_value(Buffer *b, const Column *c, PyObject *value) {
-    const char *p = PyBytes_AS_STRING(value);
-    Py_ssize_t n = PyBytes_GET_SIZE(value);
+/* The Avro encoding of text `p[0:n]` of column `c`, without branch; `value` is
+ * that text as a bytes object, or NULL (made here if the converter needs it). */
+static int put_text(Buffer *b, const Column *c, const char *p, Py_ssize_t n, PyObject *value) {
     int64_t v;
     int r = SLOW;
     switch (c->kind) {
@@ -452,7 +458,15 @@ static int put_value(Buffer *b, const Column *c, PyObject *value) {
         break;
     }
     /* OTHER, or text the C parsers leave to the converter. */
+    PyObject *made = NULL;
+    if (value == NULL) {
+        value = made = PyBytes_FromStringAndSize(p, n);
+        if (made == NULL) {
+            return FAIL;
+        }
+    }
     PyObject *encoded = PyObject_CallOneArg(c->convert, value);
+    Py_XDECREF(made);
     if (encoded == NULL) {
         return FAIL;
     }
@@ -464,6 +478,11 @@ static int put_value(Buffer *b, const Column *c, PyObject *value) {
     int result = buffer_bytes_object(b, encoded) < 0 ? FAIL : OK;
     Py_DECREF(encoded);
     return result;
+}
+
+/* put_text of a bytes object's text. */
+static inline int put_value(Buffer *b, const Column *c, PyObject *value) {
+    return put_text(b, c, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), value);
 }
 
 /* ------------------------------------------------------------------ the codec */
@@ -855,9 +874,251 @@ static PyObject *codec_change(RowCodec *self, PyObject *const *args, Py_ssize_t 
     return NULL; /* out of memory */
 }
 
+/* ------------------------------------------------------------------ COPY rows */
+
+/* Split one line of COPY text output (no newline) into this table's fields:
+ * OK, or SLOW for what Python is to parse (or refuse) itself: a field count
+ * that does not match, an escaped value. A field that is exactly \N is a
+ * null (nulls[i] = 1). */
+static int copy_fields(RowCodec *self, const char *line, Py_ssize_t len, const char **at,
+                       Py_ssize_t *size, unsigned char *nulls) {
+    const char *s = line, *end = line + len;
+    int escaped = memchr(line, '\\', (size_t)len) != NULL;
+    Py_ssize_t count = 0;
+    for (;;) {
+        const char *tab = memchr(s, '\t', (size_t)(end - s));
+        const char *stop = tab != NULL ? tab : end;
+        if (count >= self->count) {
+            return SLOW;
+        }
+        at[count] = s;
+        size[count] = stop - s;
+        nulls[count] = 0;
+        if (escaped && memchr(s, '\\', (size_t)(stop - s)) != NULL) {
+            if (stop - s != 2 || s[1] != 'N') {
+                return SLOW; /* an escape sequence: Python unescapes the row */
+            }
+            nulls[count] = 1;
+        }
+        count++;
+        if (tab == NULL) {
+            break;
+        }
+        s = tab + 1;
+    }
+    return count == self->count ? OK : SLOW;
+}
+
+/* The key and value of one snapshot read (before null, after = the row):
+ * OK, SLOW or FAIL (a Python exception set), as codec_change. */
+static int copy_read(RowCodec *self, Buffer *value, Buffer *key, const char **at,
+                     const Py_ssize_t *size, const unsigned char *nulls, PyObject *op,
+                     PyObject *const *stamp_parts, long long seq) {
+    value->size = 0;
+    if (buffer_bytes_object(value, self->value_header) < 0 || buffer_byte(value, 0x00) < 0 ||
+        buffer_byte(value, 0x02) < 0) {
+        return FAIL;
+    }
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        const Column *c = &self->columns[i];
+        if (nulls[i]) {
+            if (c->plain) {
+                return SLOW; /* Python refuses it, naming the column */
+            }
+            if (buffer_byte(value, c->null_branch) < 0) {
+                return FAIL;
+            }
+            continue;
+        }
+        if (c->has_branch && buffer_byte(value, c->branch) < 0) {
+            return FAIL;
+        }
+        int r = put_text(value, c, at[i], size[i], NULL);
+        if (r != OK) {
+            return r;
+        }
+    }
+    if (buffer_bytes_object(value, op) < 0 || buffer_bytes_object(value, stamp_parts[0]) < 0 ||
+        buffer_bytes_object(value, self->source_prefix) < 0 ||
+        buffer_bytes_object(value, stamp_parts[1]) < 0 || buffer_long(value, (int64_t)seq) < 0 ||
+        buffer_bytes_object(value, stamp_parts[2]) < 0 || buffer_byte(value, 0x00) < 0) {
+        return FAIL;
+    }
+    key->size = 0;
+    if (self->key_count == 0) {
+        return OK;
+    }
+    if (buffer_bytes_object(key, self->key_header) < 0) {
+        return FAIL;
+    }
+    for (Py_ssize_t k = 0; k < self->key_count; k++) {
+        Py_ssize_t i = self->key_indexes[k];
+        if (nulls[i]) {
+            return SLOW;
+        }
+        int r = put_text(key, &self->columns[i], at[i], size[i], NULL);
+        if (r != OK) {
+            return r;
+        }
+    }
+    return OK;
+}
+
+/* One produced message: (key or None, value, [lsn_header, (seq_name, b"<seq>")]). */
+static PyObject *copy_message(PyObject *pair, PyObject *lsn_header, PyObject *seq_name,
+                              long long seq) {
+    char digits[24];
+    int length = snprintf(digits, sizeof(digits), "%lld", seq);
+    PyObject *number = PyBytes_FromStringAndSize(digits, length);
+    if (number == NULL) {
+        return NULL;
+    }
+    PyObject *seq_header = PyTuple_Pack(2, seq_name, number);
+    Py_DECREF(number);
+    if (seq_header == NULL) {
+        return NULL;
+    }
+    PyObject *headers = PyList_New(2);
+    if (headers == NULL) {
+        Py_DECREF(seq_header);
+        return NULL;
+    }
+    Py_INCREF(lsn_header);
+    PyList_SET_ITEM(headers, 0, lsn_header);
+    PyList_SET_ITEM(headers, 1, seq_header);
+    PyObject *message = PyTuple_Pack(3, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1),
+                                     headers);
+    Py_DECREF(headers);
+    /* Strings, bytes and a list only this message holds: no cycle can pass
+     * through them, and a chunk makes tens of thousands of each, which the
+     * cyclic collector would otherwise scan again and again. */
+    PyObject_GC_UnTrack(seq_header);
+    PyObject_GC_UnTrack(headers);
+    if (message != NULL) {
+        PyObject_GC_UnTrack(message);
+    }
+    return message;
+}
+
+/* copy_reads(data, op, stamp, seq, lsn_header, seq_name, slow) -> list of
+ * (key or None, value, headers): every line of `data` (COPY text output, whole
+ * lines) as a snapshot read with ordinals seq, seq + 1, ...; a line it does
+ * not take on goes to slow(line, seq) -> (key, value), the Python reference. */
+static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "copy_reads() takes data, op, stamp, seq, lsn_header, seq_name, slow");
+        return NULL;
+    }
+    PyObject *data = args[0], *op = args[1], *stamp = args[2], *lsn_header = args[4];
+    PyObject *seq_name = args[5], *slow = args[6];
+    if (!PyBytes_CheckExact(data) || !PyBytes_CheckExact(op) || !PyTuple_Check(stamp) ||
+        PyTuple_GET_SIZE(stamp) < 8 || !PyLong_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "copy_reads(): bad argument types");
+        return NULL;
+    }
+    PyObject *stamp_parts[3] = {PyTuple_GET_ITEM(stamp, 5), PyTuple_GET_ITEM(stamp, 6),
+                                PyTuple_GET_ITEM(stamp, 7)};
+    for (int i = 0; i < 3; i++) {
+        if (!PyBytes_CheckExact(stamp_parts[i])) {
+            PyErr_SetString(PyExc_TypeError, "copy_reads(): not a TxnStamp");
+            return NULL;
+        }
+    }
+    long long seq = PyLong_AsLongLong(args[3]);
+    if (seq == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (seq < 0 || (n > 0 && p[n - 1] != '\n')) {
+        PyErr_SetString(PyExc_ValueError, "copy_reads(): a negative seq, or not whole lines");
+        return NULL;
+    }
+    Py_ssize_t columns = self->count > 0 ? self->count : 1;
+    const char **at = PyMem_Malloc(sizeof(char *) * (size_t)columns);
+    Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)columns);
+    unsigned char *nulls = PyMem_Malloc((size_t)columns);
+    PyObject *out = PyList_New(0);
+    Buffer value, key;
+    buffer_init(&value);
+    buffer_init(&key);
+    if (at == NULL || size == NULL || nulls == NULL || out == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t pos = 0; pos < n; seq++) {
+        const char *line = p + pos;
+        const char *newline = memchr(line, '\n', (size_t)(n - pos));
+        Py_ssize_t len = newline - line;
+        pos += len + 1;
+        int r = copy_fields(self, line, len, at, size, nulls);
+        if (r == OK) {
+            r = copy_read(self, &value, &key, at, size, nulls, op, stamp_parts, seq);
+        }
+        PyObject *pair = NULL;
+        if (r == OK) {
+            PyObject *k = self->key_count ? PyBytes_FromStringAndSize(key.data, key.size) : Py_None;
+            if (self->key_count == 0) {
+                Py_INCREF(k);
+            }
+            PyObject *v = k != NULL ? PyBytes_FromStringAndSize(value.data, value.size) : NULL;
+            pair = v != NULL ? PyTuple_Pack(2, k, v) : NULL;
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+        } else {
+            if (r == FAIL) {
+                if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                    goto error; /* KeyboardInterrupt, SystemExit: not the data's fault */
+                }
+                PyErr_Clear(); /* Python redoes the row and raises with its context */
+            }
+            PyObject *text = PyBytes_FromStringAndSize(line, len);
+            PyObject *number = text != NULL ? PyLong_FromLongLong(seq) : NULL;
+            if (number != NULL) {
+                pair = PyObject_CallFunctionObjArgs(slow, text, number, NULL);
+            }
+            Py_XDECREF(text);
+            Py_XDECREF(number);
+            if (pair != NULL && (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)) {
+                Py_DECREF(pair);
+                PyErr_SetString(PyExc_TypeError, "copy_reads(): slow() must return (key, value)");
+                pair = NULL;
+            }
+        }
+        if (pair == NULL) {
+            goto error;
+        }
+        PyObject *message = copy_message(pair, lsn_header, seq_name, seq);
+        Py_DECREF(pair);
+        if (message == NULL || PyList_Append(out, message) < 0) {
+            Py_XDECREF(message);
+            goto error;
+        }
+        Py_DECREF(message);
+    }
+    buffer_free(&value);
+    buffer_free(&key);
+    PyMem_Free(at);
+    PyMem_Free(size);
+    PyMem_Free(nulls);
+    return out;
+
+error:
+    buffer_free(&value);
+    buffer_free(&key);
+    PyMem_Free(at);
+    PyMem_Free(size);
+    PyMem_Free(nulls);
+    Py_XDECREF(out);
+    return NULL;
+}
+
 static PyMethodDef codec_methods[] = {
     {"change", (PyCFunction)(void (*)(void))codec_change, METH_FASTCALL,
      "change(op, before, after, stamp, seq) -> (key or None, value), as TableEncoder.change"},
+    {"copy_reads", (PyCFunction)(void (*)(void))codec_copy_reads, METH_FASTCALL,
+     "copy_reads(data, op, stamp, seq, lsn_header, seq_name, slow) -> [(key, value, headers)]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,9 +56,11 @@ from cdcd.envelope.rowcode import (
     NATIVE,
     BinaryValueRefused,
     ChangeEncoder,
+    CopyReads,
     compile_change_encoder,
     compile_key_encoder,
     compile_row_encoder,
+    native_copy_reads,
 )
 from cdcd.envelope.schemas import envelope_schema, key_schema, value_first
 from cdcd.envelope.wire import WireFormat
@@ -150,6 +152,7 @@ class TableEncoder:
         "_separate_key",
         "_source_prefix",
         "_text",
+        "copy_reads",
         "encode_change",
         "key_header",
         "key_schema",
@@ -215,6 +218,9 @@ class TableEncoder:
             )
             or self.change
         )
+        #: COPY text straight to snapshot reads, compiled (None on the pure path,
+        #: where ``cdcd.snapshot.rows.encode_reads`` parses and calls change()).
+        self.copy_reads: CopyReads | None = native_copy_reads(self.encode_change)
 
     # -- rows -----------------------------------------------------------------
 

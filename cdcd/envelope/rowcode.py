@@ -232,6 +232,13 @@ def compile_key_encoder(
 ChangeEncoder = Callable[..., tuple[bytes | None, bytes]]
 """``change(op, before, after, stamp, seq) -> (key or None, value)``, as ``TableEncoder.change``."""
 
+#: A message as ``produce`` takes it: key (None: no key), value, headers.
+Message = tuple[bytes | None, bytes, list[tuple[str, bytes]]]
+CopyReads = Callable[..., list[Message]]
+"""``copy_reads(data, op, stamp, seq, lsn_header, seq_name, slow) -> messages``: every line
+of COPY text output as a snapshot read, ``slow(line, seq) -> (key, value)`` for the
+lines the C code leaves to Python (``cdcd.snapshot.rows.encode_reads``)."""
+
 
 def native_column(convert: Converter) -> tuple[int, int, int]:
     """``(kind, precision, scale)``: how the compiled encoder reads a column's text.
@@ -284,3 +291,13 @@ def compile_change_encoder(
         columns, tuple(key_indexes), key_header, value_header, source_prefix, fallback, TupleData
     )
     return cast(ChangeEncoder, codec.change)
+
+
+def native_copy_reads(change: ChangeEncoder) -> CopyReads | None:
+    """The compiled encoder's ``copy_reads`` behind ``change``; None on the pure path."""
+    if NATIVE is None:
+        return None
+    codec = getattr(change, "__self__", None)
+    if not isinstance(codec, NATIVE.RowCodec):
+        return None
+    return cast(CopyReads, codec.copy_reads)

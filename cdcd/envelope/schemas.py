@@ -33,6 +33,7 @@ suffix) and the original PostgreSQL name is kept in the field attribute
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from cdcd.decode.relations import ColumnDefault, TableVersion
@@ -214,46 +215,37 @@ def key_schema(topic: str, table: TableVersion) -> dict[str, Any] | None:
     """The key record of the replica identity columns, or None (null key)."""
     if not table.key_indexes:
         return None
+    return _columns_record(topic, "Key", table, table.key_indexes, key=True)
+
+
+def row_schema(topic: str, table: TableVersion) -> dict[str, Any]:
+    """The row record: every column; key columns required (unless an earlier
+    schema had them nullable: a column that joined the key), others nullable."""
+    return _columns_record(topic, "Value", table, range(len(table.columns)), key=False)
+
+
+def _columns_record(
+    topic: str, name: str, table: TableVersion, indexes: Iterable[int], key: bool
+) -> dict[str, Any]:
+    """The record ``name`` of the columns ``indexes``: a key's fields are required and
+    list no earlier types; a row's are nullable and typed as the table says."""
     names = field_names(table.column_names)
     aliases = unambiguous_aliases(table)
     return {
         "type": "record",
-        "name": "Key",
+        "name": name,
         "namespace": avro_namespace(topic),
         "fields": [
             _field(
                 names[i],
                 table.columns[i].name,
                 table.codecs[i].avro_type,
-                nullable=False,
+                nullable=not key and table.nullable(i),
                 default=table.default_of(i),
                 aliases=aliases[i],
+                history=() if key else table.history_of(i),
             )
-            for i in table.key_indexes
-        ],
-    }
-
-
-def row_schema(topic: str, table: TableVersion) -> dict[str, Any]:
-    """The row record: every column; key columns required (unless an earlier
-    schema had them nullable: a column that joined the key), others nullable."""
-    names = field_names(table.column_names)
-    aliases = unambiguous_aliases(table)
-    return {
-        "type": "record",
-        "name": "Value",
-        "namespace": avro_namespace(topic),
-        "fields": [
-            _field(
-                names[i],
-                column.name,
-                table.codecs[i].avro_type,
-                nullable=table.nullable(i),
-                default=table.default_of(i),
-                aliases=aliases[i],
-                history=table.history_of(i),
-            )
-            for i, column in enumerate(table.columns)
+            for i in indexes
         ],
     }
 

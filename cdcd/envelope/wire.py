@@ -29,7 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 from fastavro.schema import fingerprint
+from pydantic import SecretStr
 
+from cdcd.config.secrets import reveal
 from cdcd.errors import DefiniteError, TransientError
 from cdcd.naming import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 
@@ -113,12 +115,12 @@ _REGISTRY_NUMBERS = frozenset(
 )
 
 
-def registry_client(url: str, config: Mapping[str, str] | None = None) -> Any:
+def registry_client(url: str, config: Mapping[str, str | SecretStr] | None = None) -> Any:
     """A ``SchemaRegistryClient`` for ``url`` with ``config``, every request bounded in time."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     settings: dict[str, Any] = {"url": url, "timeout": REGISTRY_TIMEOUT_S}
-    for name, value in (config or {}).items():
+    for name, value in reveal(config).items():  # credentials are SecretStr
         if name in _REGISTRY_NUMBERS and isinstance(value, str):
             try:
                 settings[name] = float(value) if "." in value else int(value)

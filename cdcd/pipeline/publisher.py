@@ -14,10 +14,10 @@ after a crash repeats the same pairs.
 Snapshots (``cdcd.snapshot``) publish through the same tickets:
 
 * the initial snapshot's rows go out in tickets of their own
-  (:meth:`Publisher.snapshot_chunk`), all stamped with the slot's consistent
-  point, before streaming starts;
+  (:meth:`Publisher.snapshot_messages`, encoded by the readers from COPY
+  text), all stamped with the slot's consistent point, before streaming starts;
 * an incremental snapshot's chunk is published inside the transaction of its
-  high watermark (:meth:`Publisher.snapshot_in_transaction`), stamped with
+  high watermark (:meth:`Publisher.snapshot_copy_in_transaction`), stamped with
   that transaction's commit LSN, so replay order by (``cdcd.lsn``,
   ``cdcd.seq``) puts it after every change the chunk may not reflect and
   before every later one. Watermark messages (prefix ``cdcd.watermark``) go to
@@ -54,6 +54,7 @@ from cdcd.envelope.records import (
     TRANSACTION_VALUE_SCHEMA,
     encode_record,
 )
+from cdcd.envelope.rowcode import Message
 from cdcd.envelope.wire import WireFormat
 from cdcd.errors import DefiniteError
 from cdcd.naming import (
@@ -77,6 +78,7 @@ from cdcd.protocol.messages import (
 )
 from cdcd.sink.producer import DIRECT_PRODUCE_ERRORS, DirectProduce
 from cdcd.snapshot.publisher import KeyRecorder
+from cdcd.snapshot.rows import encode_reads
 from cdcd.source.markers import MarkerTransactions
 
 
@@ -603,6 +605,43 @@ class Publisher:
             self._ticket = None
             self._stamp = None
 
+    def snapshot_messages(self, topic: str, messages: list[Message], lsn: Lsn) -> TxnTicket:
+        """Produce encoded initial-snapshot reads in a ticket of their own, sealed at ``lsn``.
+
+        ``messages`` come from ``cdcd.snapshot.rows.encode_reads`` (key,
+        envelope, headers); all that is left per row here is the produce call.
+        """
+        if self._ticket is not None:
+            raise DefiniteError("snapshot rows inside a transaction", hint="this is a bug; report it")
+        ticket = self._tracker.open(commit_ts=None)
+        # Counted up front: should produce() fail half-way, the ticket stays incomplete.
+        ticket.add(len(messages))
+        self._produce_messages(topic, messages, ticket, lsn)
+        ticket.seal(lsn)
+        return ticket
+
+    def _produce_messages(
+        self, topic: str, messages: list[Message], ticket: TxnTicket, lsn: Lsn
+    ) -> None:
+        """Produce encoded snapshot reads, counted in ``ticket`` already: one call each."""
+        on_delivery = ticket.on_delivery
+        produce = self._producer.produce
+        direct: DirectProduce | None = getattr(self._producer, "produce_direct", None)
+        try:
+            if direct is None:
+                for key, value, headers in messages:
+                    produce(topic, key, value, headers, on_delivery)
+            else:
+                for key, value, headers in messages:
+                    try:
+                        direct(topic, value, key, -1, on_delivery, None, 0, headers)
+                    except DIRECT_PRODUCE_ERRORS:
+                        # A full queue or a refused message: the sink's produce
+                        # waits for space or raises the classified error.
+                        produce(topic, key, value, headers, on_delivery)
+        except DefiniteError as exc:
+            raise DefiniteError(f"{exc.args[0]} (snapshot at LSN {lsn})", hint=exc.hint) from exc
+
     def snapshot_in_transaction(
         self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
     ) -> tuple[TxnTicket, int]:
@@ -621,6 +660,32 @@ class Publisher:
         finally:
             self._stamp = stamp
         return ticket, sent
+
+    def snapshot_copy_in_transaction(
+        self, encoder: TableEncoder, data: bytes, skip: set[bytes] | None
+    ) -> tuple[TxnTicket, int]:
+        """:meth:`snapshot_in_transaction` of a chunk as COPY text, encoded here in one call.
+
+        The rows are encoded with consecutive ``cdcd.seq`` from the
+        transaction's next one; a row left out (its key in ``skip``) leaves
+        its ordinal unused, which keeps (``cdcd.lsn``, ``cdcd.seq``) unique
+        and increasing. Returns the ticket and how many rows were published.
+        """
+        ticket, stamp = self._ticket, self._stamp
+        if ticket is None or stamp is None:
+            raise DefiniteError("snapshot chunk outside a transaction", hint="this is a bug; report it")
+        read_stamp = make_stamp(stamp.xid, stamp.lsn, stamp.commit_ts_ms, snapshot=True)
+        messages = encode_reads(
+            encoder, data, read_stamp, self._seq, (LSN_HEADER, stamp.lsn_header)
+        )
+        self._seq += len(messages)
+        if skip:
+            start = len(encoder.key_header)
+            messages = [m for m in messages if m[0] is None or m[0][start:] not in skip]
+        # Counted up front: should produce() fail half-way, the ticket stays incomplete.
+        ticket.add(len(messages))
+        self._produce_messages(encoder.topic, messages, ticket, stamp.lsn)
+        return ticket, len(messages)
 
     def snapshot_truncate(self, encoder: TableEncoder) -> None:
         """A truncate envelope (op=t) for ``encoder``'s table inside the current transaction.

@@ -55,20 +55,20 @@ from typing import Any
 from cdcd.ack.tracker import AckTracker
 from cdcd.config.model import CdcdConfig
 from cdcd.envelope.encoder import EnvelopeEncoder
-from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat, registry_client
 from cdcd.errors import DefiniteError, TransientError
-from cdcd.naming import format_table, schemas_topic, split_table
+from cdcd.naming import format_table, split_table
+from cdcd.pipeline.parts import real_parts, wire_format
 from cdcd.pipeline.publisher import Publisher
 from cdcd.pipeline.schema_changes import SchemaChanges
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Truncate
-from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import check_broker, ensure_topics, topic_spec
+from cdcd.sink.topics import topic_spec
 from cdcd.snapshot.rows import plan_table
 from cdcd.snapshot.store import CANCELLED, PENDING, RESYNC_JOB_PREFIX, RUNNING, SignalTable
 from cdcd.source.catalog import PgCatalog
-from cdcd.source.database import RESYNC_HINT, SlotInfo, SlotLostError, SourceDatabase
+from cdcd.source.database import SourceDatabase
 from cdcd.source.slot_holder import slot_holder
+from cdcd.source.slots import RESYNC_HINT, SlotInfo, SlotLostError
 from cdcd.source.versions import require_failover, require_protocol
 
 __all__ = [
@@ -294,23 +294,17 @@ def _truncate_topics(
     if not tables:
         return
     kafka = config.kafka
-    producer = dict(kafka.producer)
-    check_broker(kafka.bootstrap_servers, producer, timeout_s=10.0)
-    sink = KafkaSink(
-        build_producer_config(kafka.bootstrap_servers, producer, "cdcd-resync"),
-        create_topics=kafka.create_topics,
-    )
+    parts = real_parts(config, client_id="cdcd-resync")
+    parts.check_broker()
+    sink = parts.sink()
     try:
         tracker = AckTracker(start, classify=sink.delivery_failure)
 
         def ensure(topic: str) -> None:
             if kafka.create_topics:
-                ensure_topics(
-                    kafka.bootstrap_servers, [topic_spec(kafka, topic)], timeout_s=30.0,
-                    producer_props=producer,
-                )
+                parts.ensure_topic(topic_spec(kafka, topic))
 
-        wire = _wire_format(config, sink, ensure)
+        wire = wire_format(config, sink, parts)
         catalog = PgCatalog(db.conn)
         relations = db.relation_cache(catalog, snapshot=True)
         publisher = Publisher(
@@ -358,24 +352,3 @@ def _truncate_topics(
     finally:
         sink.close(5.0)
 
-
-def _wire_format(config: CdcdConfig, sink: KafkaSink, ensure: Any) -> WireFormat:
-    """The daemon's wire format (the session's, without its status updates)."""
-    registry = config.schema_registry
-    if registry.url:
-        return ConfluentFormat(registry_client(registry.url, registry.config))
-    schemas = schemas_topic(config.kafka.topic_prefix)
-    ensure(schemas)
-
-    def publish(key: bytes, value: bytes) -> None:
-        results: list[tuple[Any, Any]] = []
-        sink.produce(schemas, key, value, [], lambda err, msg: results.append((err, msg)))
-        deadline = time.monotonic() + _DELIVERY_TIMEOUT_S
-        while not results:
-            if time.monotonic() > deadline:
-                raise TransientError(f"publishing a schema to {schemas} timed out")
-            sink.flush(0.05)
-        if results[0][0] is not None:
-            raise sink.delivery_failure(*results[0])
-
-    return SingleObjectFormat(publish)

@@ -33,6 +33,12 @@ then stops the daemon with exit code 0). While streaming, the main loop
 ticks the incremental snapshot driver, which reads the signal table and
 chunks on a worker thread; the publisher hands it the watermarks.
 
+A session starts with the startup plan (``cdcd.pipeline.startup``: the
+checks and actions before streaming, the very steps ``cdcd check`` runs dry)
+and takes its metadata connection, Kafka sink and replication stream from
+the factories of its ``SessionParts`` (``cdcd.pipeline.parts``): the daemon
+passes the real ones, tests a fault-injecting sink or a scripted stream.
+
 A session ends by returning (stop requested: drained and confirmed) or by
 raising ``TransientError`` (the daemon reconnects after a backoff and resumes
 at the slot's confirmed position) or ``DefiniteError`` (the daemon exits 3).
@@ -49,30 +55,25 @@ from cdcd.ack.tracker import AckTracker, TxnTicket
 from cdcd.config.model import CdcdConfig
 from cdcd.decode.relations import RelationCache
 from cdcd.envelope.encoder import EnvelopeEncoder
-from cdcd.envelope.wire import ConfluentFormat, SingleObjectFormat, WireFormat, registry_client
-from cdcd.errors import CdcdError, TransientError
+from cdcd.errors import CdcdError
 from cdcd.naming import HEARTBEAT_PREFIX, schemas_topic, split_table
 from cdcd.observability import systemd
 from cdcd.observability.metrics import Metrics
+from cdcd.pipeline.parts import SessionParts, Sink, Stream, real_parts, wire_format
 from cdcd.pipeline.publisher import Publisher
-from cdcd.pipeline.resync import check_slot, remember_slot
 from cdcd.pipeline.schema_changes import SchemaChanges
+from cdcd.pipeline.startup import Startup, execute
 from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
-from cdcd.sink.producer import KafkaSink, build_producer_config
-from cdcd.sink.topics import TopicSpec, check_broker, ensure_topics, topic_spec
+from cdcd.sink.topics import topic_spec
 from cdcd.snapshot.incremental import IncrementalSnapshots
-from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot, create_slot_with_snapshot
-from cdcd.snapshot.rows import published_units
-from cdcd.snapshot.store import DONE, Job, SignalTable, SignalTableUnavailable
+from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot
+from cdcd.snapshot.store import DONE, Job, SignalTable
 from cdcd.source.catalog import PgCatalog
 from cdcd.source.database import SourceDatabase
 from cdcd.source.markers import MarkerTransactions
-from cdcd.source.replication import ReplicationStream
-from cdcd.source.slot_holder import slot_holder, slot_in_use
 from cdcd.source.synchronous import COUNTED_STATES, walsender_sync_state
-from cdcd.source.versions import has_messages, require_failover, require_protocol
 
 log = logging.getLogger("cdcd.pipeline")
 
@@ -99,7 +100,11 @@ class SessionState:
 
 
 class Session:
-    """One connect-stream-confirm cycle; see the module docstring."""
+    """One connect-stream-confirm cycle; see the module docstring.
+
+    ``parts`` makes its connections (``cdcd.pipeline.parts``; default: the
+    real ones for ``config``).
+    """
 
     def __init__(
         self,
@@ -108,21 +113,22 @@ class Session:
         metrics: Metrics | None = None,
         state: SessionState | None = None,
         on_streaming: Any = None,
+        *,
+        parts: SessionParts | None = None,
     ) -> None:
         self.config = config
         self.stop = stop
         self.metrics = metrics
         self.state = state or SessionState()
+        self.parts = parts or real_parts(config)
         self._on_streaming = on_streaming
-        # postgres.tables with its patterns expanded, once connected (_run).
-        self._tables: set[tuple[str, str]] | None = None
-        self._stream: ReplicationStream | None = None
-        self._sink: KafkaSink | None = None
+        self._startup: Startup | None = None
+        self._stream: Stream | None = None
+        self._sink: Sink | None = None
         self._db: SourceDatabase | None = None
         self._tracker: AckTracker | None = None
         self._assembler: TransactionAssembler | None = None
         self._decoder = PgOutputDecoder(config.postgres.protocol_version)
-        self._signal: tuple[str, str] | None = None
         self._snapshots: IncrementalSnapshots | None = None
         self._publisher: Publisher | None = None
         self._last_status = 0.0
@@ -140,49 +146,12 @@ class Session:
     # -- setup ----------------------------------------------------------------------
 
     def _include(self, schema: str, table: str) -> bool:
-        if (schema, table) == self._signal:
-            return False  # the snapshot signal table is cdcd's own bookkeeping
-        return self._tables is None or (schema, table) in self._tables
-
-    def _captured_tables(self, db: SourceDatabase) -> list[tuple[str, str]]:
-        pg = self.config.postgres
-        tables = db.resolve_tables(pg) if pg.table_names else db.publication_tables(pg.publication)
-        tables = published_units(db, pg.publication, tables)
-        return [(s, t) for s, t in tables if self._include(s, t)]
+        assert self._startup is not None
+        return self._startup.include(schema, table)
 
     def _ensure_topic(self, name: str) -> None:
         if self.config.kafka.create_topics:
-            self._ensure(topic_spec(self.config.kafka, name))
-
-    def _ensure(self, spec: TopicSpec) -> None:
-        kafka = self.config.kafka
-        ensure_topics(
-            kafka.bootstrap_servers, [spec], timeout_s=30.0, producer_props=dict(kafka.producer)
-        )
-
-    def _wire_format(self, sink: KafkaSink) -> WireFormat:
-        registry = self.config.schema_registry
-        if registry.url:
-            return ConfluentFormat(registry_client(registry.url, registry.config))
-        schemas = schemas_topic(self.config.kafka.topic_prefix)
-        if self.config.kafka.create_topics:
-            self._ensure(topic_spec(self.config.kafka, schemas))
-        if self.metrics is not None:
-            self.metrics.delivery_errors_for(schemas)  # at 0 before any failure (see Metrics)
-
-        def publish(key: bytes, value: bytes) -> None:
-            results: list[tuple[Any, Any]] = []
-            sink.produce(schemas, key, value, [], lambda err, msg: results.append((err, msg)))
-            deadline = time.monotonic() + 60.0
-            while not results:
-                if time.monotonic() > deadline:
-                    raise TransientError(f"publishing a schema to {schemas} timed out")
-                sink.flush(0.05)  # sends at once, not after linger.ms
-                self._status_if_due()
-            if results[0][0] is not None:
-                raise sink.delivery_failure(*results[0])
-
-        return SingleObjectFormat(publish)
+            self.parts.ensure_topic(topic_spec(self.config.kafka, name))
 
     # -- run ------------------------------------------------------------------------
 
@@ -193,88 +162,28 @@ class Session:
             self._close()
 
     def _run(self) -> None:
-        cfg = self.config
-        pg = cfg.postgres
-        db = self._db = SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s)
-        db.require_logical()
-        require_protocol(db.server_version, pg.protocol_version)
-        require_failover(db.server_version, pg.failover)
-        if not has_messages(db.server_version):
-            # PostgreSQL 12, 13: heartbeats and watermarks recognised by xid.
-            self._markers = MarkerTransactions()
-        timeout = db.wal_sender_timeout_s()
-        if timeout and pg.status_interval_s >= timeout / 2:
-            log.warning(
-                "postgres.status_interval_s=%s is not below wal_sender_timeout/2 (%.1f s); "
-                "the server may drop the connection",
-                pg.status_interval_s,
-                timeout / 2,
-            )
-        snap = cfg.snapshot
-        two_phase = pg.protocol_version >= 3
-        table = SignalTable(db, snap.signal_table)
-        self._signal = (table.schema, table.table)
-        if pg.table_names:
-            self._tables = set(db.resolve_tables(pg, exclude=[self._signal]))
-        db.ensure_publication(pg, exclude=[self._signal])
-        if self._tables is not None:
-            # A partitioned table published per leaf: the stream carries its leaves.
-            self._tables |= set(published_units(db, pg.publication, sorted(self._tables)))
-        if cfg.schema_changes.resnapshot == "auto":
-            # Healing a rewrite is an incremental snapshot, and table states
-            # must outlive the process: both live in the signal table.
-            self._ensure_signal_table(table)
-        # An invalidated slot, or one missing where cdcd streamed before, is
-        # lost: refused (exit 3, 'cdcd resync'), never silently created anew.
-        create = pg.create_slot and check_slot(db, table, pg.slot) is None
-        # The signal table is created only when a feature needs it: here the
-        # crash-safe initial snapshot of a slot this session creates (raises
-        # SignalTableUnavailable: refuse rather than copy without a record).
-        # Otherwise it is used if it is there, and the incremental snapshot
-        # driver looks for it while streaming (`cdcd snapshot` creates it).
-        signals: SignalTable | None = None
-        if create and snap.mode != "never":
-            table.ensure()
-            signals = table
-        elif table.exists():
-            try:
-                table.check_layout()
-                signals = table
-            except SignalTableUnavailable:
-                pass  # the driver warns once and waits for it to be fixed
-        exported: ExportedSnapshot | None = None
-        if create and signals is not None:
-            if snap.mode == "never":
-                signals.cancel_initial(pg.slot, "the slot was created again with snapshot.mode never")
-            else:
-                tables = self._captured_tables(db)
-                # Recorded before the slot exists: no crash can leave the slot
-                # without a record that its snapshot is unfinished.
-                signals.begin_initial(pg.slot, [f"{s}.{t}" for s, t in tables])
-                exported = create_slot_with_snapshot(
-                    pg.dsn,
-                    pg.slot,
-                    two_phase,
-                    snap.parallelism,
-                    pg.connect_timeout_s,
-                    beat=self.state.beat,
-                    stop=self.stop,
-                )
+        startup = self._startup = Startup(
+            self.config,
+            dry_run=False,
+            connect=self.parts.database,
+            check_broker=self.parts.check_broker,
+            stop=self.stop,
+            beat=self.state.beat,
+            metrics=self.metrics,
+        )
         try:
-            if not self._setup(table, signals, exported):
+            try:
+                # The startup plan (cdcd.pipeline.startup): what `cdcd check` runs dry.
+                execute(startup)
+            finally:
+                self._db = startup.db  # closed by _close whatever happened
+            self._markers = startup.markers
+            if not self._setup(startup):
                 return  # stopped during the initial snapshot, or initial_only is done
         finally:
-            if exported is not None:
-                exported.close()
-        stream = ReplicationStream(
-            pg.dsn,
-            pg.slot,
-            pg.publication,
-            pg.protocol_version,
-            pg.connect_timeout_s,
-            pg.origin,
-            application_name=pg.replication_application_name,
-        )
+            if startup.exported is not None:
+                startup.exported.close()
+        stream = self.parts.stream()
         assert self._tracker is not None and self._sink is not None and self._assembler is not None
         self._received = int(self._tracker.confirmed)
         try:
@@ -291,56 +200,24 @@ class Session:
             self._assembler.close()
         self._drain()
 
-    def _ensure_signal_table(self, table: SignalTable) -> None:
-        try:
-            table.ensure()
-        except SignalTableUnavailable as exc:
-            log.warning(
-                "schema changes are tracked in memory only and rewrites are not healed: %s (%s)",
-                exc,
-                exc.hint,
-            )
-
-    def _setup(
-        self, table: SignalTable, signals: SignalTable | None, exported: ExportedSnapshot | None
-    ) -> bool:
-        """Slot, Kafka, the publishing pipeline, the initial snapshot; False: do not stream.
-
-        ``signals`` is the signal table if it is usable now, ``table`` the
-        same table whether or not it exists yet.
-        """
+    def _setup(self, startup: Startup) -> bool:
+        """Kafka, the publishing pipeline, the initial snapshot; False: do not stream."""
         cfg = self.config
         pg = cfg.postgres
         snap = cfg.snapshot
-        db = self._db
-        assert db is not None
-        slot = db.ensure_slot(
-            pg.slot,
-            pg.create_slot,
-            two_phase=pg.protocol_version >= 3,
-            failover=pg.failover,
-            beat=self.state.beat,
-            stop=self.stop,
-        )
-        if slot.active_pid is not None and exported is None:
-            # Said before Kafka is set up, with who holds it: START_REPLICATION
-            # would fail the same way, naming only a PID.
-            raise slot_in_use(pg.slot, slot_holder(db, slot.active_pid))
-        remember_slot(signals, slot)
-        if self.metrics is not None and slot.inactive_since is not None:
-            # How long nobody streamed from it (PostgreSQL 18 may invalidate it for that).
-            self.metrics.slot_inactive_since.set(slot.inactive_since.timestamp())
-        start = slot.confirmed_flush_lsn or Lsn(0)
+        db, table, signals = startup.database, startup.signal_table, startup.signals
+        assert startup.slot is not None and table is not None
+        start = startup.slot.confirmed_flush_lsn or Lsn(0)
         log.info("resuming slot %s at %s", pg.slot, start, extra={"slot": pg.slot, "lsn": str(start)})
 
-        check_broker(cfg.kafka.bootstrap_servers, dict(cfg.kafka.producer), timeout_s=10.0)
-        sink = self._sink = KafkaSink(
-            build_producer_config(cfg.kafka.bootstrap_servers, dict(cfg.kafka.producer), "cdcd"),
-            create_topics=cfg.kafka.create_topics,
+        sink = self._sink = self.parts.sink(
             should_stop=self._while_blocked,
             on_failed_delivery=self.metrics.delivery_error if self.metrics is not None else None,
         )
-        wire = self._wire_format(sink)
+        if self.metrics is not None and not cfg.schema_registry.url:
+            # At 0 before any failure (see Metrics).
+            self.metrics.delivery_errors_for(schemas_topic(cfg.kafka.topic_prefix))
+        wire = wire_format(cfg, sink, self.parts, waiting=self._status_if_due)
         tracker = self._tracker = AckTracker(
             start, on_complete=self._on_complete, classify=sink.delivery_failure
         )
@@ -379,6 +256,7 @@ class Session:
             relations, publisher, pg.stream_spill_bytes, pg.spill_dir, pg.protocol_version
         )
 
+        exported = startup.exported
         if exported is not None and signals is not None:
             if not self._initial_snapshot(exported, signals, publisher, snapshot_relations, schema):
                 log.warning(
@@ -397,7 +275,7 @@ class Session:
             self.stop.set()
             return False
         # The reference for schema changes of tables no snapshot described (issue 24).
-        schema.baseline_missing(self._captured_tables(db), start)
+        schema.baseline_missing(startup.captured_tables(), start)
         self._snapshots = IncrementalSnapshots(
             db=db,
             dsn=pg.dsn,
@@ -468,11 +346,11 @@ class Session:
 
     def _loop(
         self,
-        stream: ReplicationStream,
+        stream: Stream,
         decoder: PgOutputDecoder,
         assembler: TransactionAssembler,
         tracker: AckTracker,
-        sink: KafkaSink,
+        sink: Sink,
     ) -> None:
         stop = self.stop
         metrics = self.metrics

@@ -208,6 +208,21 @@ class TransactionAssembler:
         self._preparing: tuple[BeginPrepare, ChangeBuffer] | None = None
         self._stream_xid: int | None = None
         self._streams: dict[int, ChangeBuffer] = {}
+        #: Stream and two-phase boundaries, by message class (rare: rows,
+        #: Begin and Commit are tested first in feed()).
+        self._boundaries: dict[type, Callable[[Any], None]] = {
+            StreamStart: self._stream_start,
+            StreamStop: self._stream_stop,
+            StreamCommit: self._stream_commit,
+            StreamAbort: self._stream_abort,
+            BeginPrepare: self._begin_prepare,
+            Prepare: self._prepare,
+            StreamPrepare: self._stream_prepare,
+            CommitPrepared: self._commit_prepared,
+            RollbackPrepared: self._rollback_prepared,
+            # The replication origin of the transaction: not part of the envelope.
+            Origin: lambda message: None,
+        }
         self._prepared: dict[str, _Prepared] = {}
 
     # -- state seen by the pipeline ------------------------------------------------
@@ -310,28 +325,11 @@ class TransactionAssembler:
             self._change(tables, message, payload)
         elif kind is LogicalMessage:
             self._logical_message(message, payload)  # type: ignore[arg-type]
-        elif kind is StreamStart:
-            self._stream_start(message)  # type: ignore[arg-type]
-        elif kind is StreamStop:
-            self._stream_xid = None
-        elif kind is StreamCommit:
-            self._stream_commit(message)  # type: ignore[arg-type]
-        elif kind is StreamAbort:
-            self._stream_abort(message)  # type: ignore[arg-type]
-        elif kind is BeginPrepare:
-            self._begin_prepare(message)  # type: ignore[arg-type]
-        elif kind is Prepare:
-            self._prepare(message)  # type: ignore[arg-type]
-        elif kind is StreamPrepare:
-            self._stream_prepare(message)  # type: ignore[arg-type]
-        elif kind is CommitPrepared:
-            self._commit_prepared(message)  # type: ignore[arg-type]
-        elif kind is RollbackPrepared:
-            self._rollback_prepared(message)  # type: ignore[arg-type]
-        elif kind is Origin:
-            pass  # replication origin of the transaction: not part of the envelope
         else:
-            raise ProtocolError(f"unexpected message {kind.__name__}", 0)
+            handler = self._boundaries.get(kind)
+            if handler is None:
+                raise ProtocolError(f"unexpected message {kind.__name__}", 0)
+            handler(message)
 
     def _change(self, context: Context, message: Message, payload: bytes) -> None:
         if self._stream_xid is not None:
@@ -398,6 +396,9 @@ class TransactionAssembler:
         self._stream_xid = message.xid
         if message.xid not in self._streams:
             self._streams[message.xid] = self._buffer(streamed=True)
+
+    def _stream_stop(self, message: StreamStop) -> None:
+        self._stream_xid = None
 
     def _stream_commit(self, message: StreamCommit) -> None:
         buffer = self._streams.pop(message.xid, None)

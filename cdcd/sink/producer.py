@@ -53,6 +53,7 @@ from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from cdcd.config.secrets import reveal
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
 from cdcd.sink.reporter import KAFKA_REPORTER, KafkaLogReporter
 
@@ -120,7 +121,7 @@ class ProducerFatalError(TransientError):
 
 def build_producer_config(
     bootstrap_servers: str,
-    user_props: Mapping[str, str | int | float | bool],
+    user_props: Mapping[str, Any],
     client_id: str,
 ) -> dict[str, Any]:
     """The librdkafka configuration: defaults, then the user's properties, then the fixed ones.
@@ -137,7 +138,7 @@ def build_producer_config(
             )
     config: dict[str, Any] = dict(PRODUCER_DEFAULTS)
     config["client.id"] = client_id
-    config.update(user_props)
+    config.update(reveal(user_props))  # kafka.producer's secrets are SecretStr
     config.update(FIXED_PROPERTIES)
     config["bootstrap.servers"] = bootstrap_servers
     return config

@@ -30,6 +30,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit the re-exports
     AdminClient,
+    ClusterMetadata,
     ConfigResource,
     NewTopic,
 )
@@ -107,6 +108,15 @@ class _Admin:
         self.errors.append(err)
         self.reporter.kafka_error(err, fatal_what="Kafka admin client")
 
+    def metadata(self, timeout_s: float) -> ClusterMetadata:
+        """The cluster's metadata (brokers, topics); raises what :meth:`metadata_error` makes."""
+        try:
+            metadata = self.client.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise self.metadata_error(exc, timeout_s) from exc
+        self.answered()
+        return metadata
+
     def answered(self) -> None:
         """A request succeeded: report what the client logged, then that Kafka is reachable."""
         if self.owned:
@@ -144,11 +154,7 @@ def check_broker(
     messages go to ``reporter`` (default: the process's).
     """
     admin = _Admin(bootstrap_servers, producer_props, reporter)
-    try:
-        metadata = admin.client.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise admin.metadata_error(exc, timeout_s) from exc
-    admin.answered()
+    metadata = admin.metadata(timeout_s)
     ids = sorted(metadata.brokers)
     plural = "" if len(ids) == 1 else "s"
     return (
@@ -179,11 +185,7 @@ def ensure_topics(
     wanted = {spec.name: spec for spec in specs}
     if not wanted:
         return []
-    try:
-        metadata = admin.client.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise admin.metadata_error(exc, timeout_s) from exc
-    admin.answered()
+    metadata = admin.metadata(timeout_s)
     brokers = len(metadata.brokers)
 
     existing = [spec for name, spec in wanted.items() if name in metadata.topics]

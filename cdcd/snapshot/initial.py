@@ -20,10 +20,14 @@ How it stays consistent (no gap, no overlap beyond at-least-once):
    a large table cut into key ranges from a block sample so that the pool's
    connections read ranges of it in parallel; tables without a primary key
    or replica identity index are read in one pass (a warning says so), in
-   batches as COPY delivers them. Reading happens on worker threads; every
-   row is encoded, produced and ticketed on the calling (main) thread, since
-   the ack tracker is single-threaded by design. A bounded queue between them
-   makes a slow broker slow the readers down rather than fill memory.
+   batches as COPY delivers them. Reading happens on worker threads, and so
+   does encoding: each chunk's COPY text becomes its messages (key, ``op=r``
+   envelope, headers) in one call of the compiled encoder
+   (``cdcd.snapshot.rows.encode_reads``), with ``cdcd.seq`` ranges taken from
+   one counter. The calling (main) thread only produces them and tickets
+   each chunk, since the ack tracker is single-threaded by design. A bounded
+   queue between them makes a slow broker slow the readers down rather than
+   fill memory: at most two encoded chunks per reader wait in it.
 4. Rows go out as ``op=r`` envelopes with ``source.snapshot=true``, header
    ``cdcd.lsn`` = the consistent point and ``cdcd.seq`` counting up across the
    whole snapshot, so they sort before every streamed change. Streaming then
@@ -92,23 +96,27 @@ import psycopg2.errors
 
 from cdcd.ack.tracker import AckTracker, TxnTicket
 from cdcd.decode.relations import RelationCache
-from cdcd.envelope.encoder import TableEncoder
+from cdcd.envelope.encoder import TableEncoder, make_stamp
+from cdcd.envelope.rowcode import Message
 from cdcd.errors import CdcdError, DefiniteError, TransientError
+from cdcd.naming import LSN_HEADER
 from cdcd.protocol.lsn import Lsn
-from cdcd.protocol.messages import TupleData
 from cdcd.snapshot.progress import ProgressLog, TableProgress
 from cdcd.snapshot.publisher import SchemaBaselines, SnapshotPublisher
 from cdcd.snapshot.rows import (
     CopyRowStream,
     Key,
     TablePlan,
+    encode_reads,
     estimate_rows,
     plan_table,
-    read_chunk,
+    read_copy,
     split_points,
 )
 from cdcd.snapshot.store import query_error
-from cdcd.source.database import SourceDatabase, connect, quote_ident, wait_for_slot_creation
+from cdcd.source.connection import connect, quote_ident
+from cdcd.source.database import SourceDatabase
+from cdcd.source.slot_wait import wait_for_slot_creation
 
 __all__ = ["ExportedSnapshot", "InitialSnapshot", "create_slot_with_snapshot"]
 
@@ -259,7 +267,7 @@ class _Range:
 @dataclass(frozen=True)
 class _Rows:
     table: _Table
-    rows: list[TupleData]
+    messages: list[Message]  # encoded on the reader thread
 
 
 @dataclass(frozen=True)
@@ -327,6 +335,10 @@ class InitialSnapshot:
         )
         self._ranges: queue.Queue[_Range] = queue.Queue()
         self.rows = 0
+        # cdcd.seq counts up across the whole snapshot; readers take ranges of it.
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._ts_ms = time.time_ns() // 1_000_000
 
     # -- planning (main thread, inside the snapshot) --------------------------------
 
@@ -446,19 +458,28 @@ class InitialSnapshot:
         plan = work.table.plan
         if not plan.keyed:
             stream = CopyRowStream(
-                plan, self.chunk_rows, lambda rows: self._put(_Rows(work.table, rows))
+                plan, self.chunk_rows, lambda data, rows: self._emit(work.table, data, rows)
             )
             cursor.copy_expert(f"COPY ({plan.select_sql(cursor, None, None, None)}) TO STDOUT", stream)
             stream.close()
         else:
             after = work.after
             while not self._abort.is_set():
-                chunk = read_chunk(cursor, plan, after, work.upper, self.chunk_rows)
+                chunk = read_copy(cursor, plan, after, work.upper, self.chunk_rows)
                 if chunk.rows:
-                    self._put(_Rows(work.table, chunk.rows))
-                if len(chunk.rows) < self.chunk_rows:
+                    self._emit(work.table, chunk.data, chunk.rows)
+                if chunk.rows < self.chunk_rows:
                     break
                 after = chunk.last_key
+
+    def _emit(self, table: _Table, data: bytes, rows: int) -> None:
+        """Encode a chunk of COPY text here, on the reader thread; the main thread produces it."""
+        with self._seq_lock:
+            seq = self._seq
+            self._seq += rows
+        stamp = make_stamp(0, self.exported.consistent_point, self._ts_ms, snapshot=True)
+        messages = encode_reads(table.encoder, data, stamp, seq, (LSN_HEADER, stamp.lsn_header))
+        self._put(_Rows(table, messages))
 
     # -- publishing (main thread) ---------------------------------------------------
 
@@ -483,8 +504,6 @@ class InitialSnapshot:
         ]
         for worker in workers:
             worker.start()
-        ts_ms = time.time_ns() // 1_000_000
-        seq = 0
         live = len(workers)
         try:
             while live:
@@ -493,12 +512,12 @@ class InitialSnapshot:
                 except queue.Empty:
                     item = None
                 if isinstance(item, _Rows):
-                    ticket, seq = self.publisher.snapshot_chunk(
-                        item.table.encoder, item.rows, point, ts_ms, seq
+                    table, count = item.table, len(item.messages)
+                    table.tickets.append(
+                        self.publisher.snapshot_messages(table.encoder.topic, item.messages, point)
                     )
-                    item.table.tickets.append(ticket)
-                    item.table.progress.chunk(len(item.rows), len(item.rows))
-                    self.rows += len(item.rows)
+                    table.progress.chunk(count, count)
+                    self.rows += count
                 elif isinstance(item, _RangeDone):
                     item.table.ranges_left -= 1
                     item.table.all_read = item.table.ranges_left == 0

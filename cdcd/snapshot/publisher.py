@@ -15,6 +15,7 @@ from typing import Protocol
 from cdcd.ack.tracker import TxnTicket
 from cdcd.decode.relations import TableVersion
 from cdcd.envelope.encoder import TableEncoder
+from cdcd.envelope.rowcode import Message
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import LogicalMessage, TupleData
 from cdcd.source.database import SourceDatabase
@@ -43,10 +44,20 @@ class SnapshotPublisher(Protocol):
         """Publish initial-snapshot rows in a ticket of their own, sealed at ``lsn``."""
         ...
 
+    def snapshot_messages(self, topic: str, messages: list[Message], lsn: Lsn) -> TxnTicket:
+        """Produce encoded initial-snapshot reads (``rows.encode_reads``) in a ticket sealed at ``lsn``."""
+        ...
+
     def snapshot_in_transaction(
         self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
     ) -> tuple[TxnTicket, int]:
         """Publish a chunk inside the current (high watermark) transaction."""
+        ...
+
+    def snapshot_copy_in_transaction(
+        self, encoder: TableEncoder, data: bytes, skip: set[bytes] | None
+    ) -> tuple[TxnTicket, int]:
+        """:meth:`snapshot_in_transaction` of a chunk as COPY text (``rows.encode_reads``)."""
         ...
 
     def snapshot_truncate(self, encoder: TableEncoder) -> None:

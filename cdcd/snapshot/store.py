@@ -65,7 +65,8 @@ import psycopg2.errors
 
 from cdcd.errors import DefiniteError
 from cdcd.naming import parse_table, split_table
-from cdcd.source.database import SourceDatabase, quote_ident
+from cdcd.source.connection import quote_ident
+from cdcd.source.database import SourceDatabase
 
 __all__ = [
     "DDL",

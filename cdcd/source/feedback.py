@@ -1,4 +1,5 @@
-"""Standby status updates written by cdcd itself, through psycopg2's own libpq.
+"""Standby status updates written by cdcd itself, through psycopg2's own libpq
+(:mod:`cdcd.source.libpq`).
 
 Why not ``ReplicationCursor.send_feedback``: when a keepalive arrives,
 psycopg2 moves its remembered flush position to the keepalive's ``wal_end``
@@ -33,41 +34,19 @@ import struct
 import time
 from typing import Any
 
-from cdcd.errors import DefiniteError, TransientError
+from cdcd.errors import TransientError
 from cdcd.protocol.messages import PG_EPOCH_OFFSET_US
+from cdcd.source import libpq
 
 _STATUS = struct.Struct("!cQQQqB")
-_libpq: ctypes.CDLL | None = None
 
 
-def _load_libpq() -> ctypes.CDLL:
-    """The libpq that psycopg2 itself uses (a second copy could not share its PGconn)."""
-    global _libpq
-    if _libpq is not None:
-        return _libpq
-    import psycopg2  # noqa: F401  (ensures psycopg2's libpq is mapped)
+def _put_copy_data() -> Any:
+    return libpq.required("PQputCopyData", (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int), ctypes.c_int)
 
-    path = None
-    with open("/proc/self/maps", encoding="utf-8") as maps:
-        for line in maps:
-            name = line.rsplit(None, 1)[-1]
-            if "/libpq" in name and ".so" in name:
-                path = name
-                break
-    if path is None:
-        raise DefiniteError(
-            "cannot find the libpq library used by psycopg2 in this process",
-            hint="install psycopg2-binary, or psycopg2 built against a shared libpq",
-        )
-    lib = ctypes.CDLL(path)
-    lib.PQputCopyData.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
-    lib.PQputCopyData.restype = ctypes.c_int
-    lib.PQflush.argtypes = [ctypes.c_void_p]
-    lib.PQflush.restype = ctypes.c_int
-    lib.PQerrorMessage.argtypes = [ctypes.c_void_p]
-    lib.PQerrorMessage.restype = ctypes.c_char_p
-    _libpq = lib
-    return lib
+
+def _flush() -> Any:
+    return libpq.required("PQflush", (ctypes.c_void_p,), ctypes.c_int)
 
 
 def status_update(written: int, flushed: int, applied: int, reply: bool = False) -> bytes:
@@ -86,24 +65,24 @@ def send_status(
     ``remote_apply`` waits exactly as ``on`` does. ``written`` below
     ``flushed`` is raised to it: nothing can be flushed before it is written.
     """
-    lib = _load_libpq()
     pgconn = ctypes.c_void_p(connection.pgconn_ptr)
     body = status_update(max(written, flushed), flushed, flushed, reply)
-    if lib.PQputCopyData(pgconn, body, len(body)) != 1:
-        raise TransientError(f"sending standby status failed: {_error(lib, pgconn)}")
+    if _put_copy_data()(pgconn, body, len(body)) != 1:
+        raise TransientError(f"sending standby status failed: {_error(pgconn)}")
     deadline = time.monotonic() + timeout_s
+    flush = _flush()
     while True:
-        pending = lib.PQflush(pgconn)
+        pending = flush(pgconn)
         if pending == 0:
             return
         if pending < 0:
-            raise TransientError(f"sending standby status failed: {_error(lib, pgconn)}")
+            raise TransientError(f"sending standby status failed: {_error(pgconn)}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TransientError("sending standby status timed out (socket not writable)")
         select.select([], [connection.fileno()], [], remaining)
 
 
-def _error(lib: ctypes.CDLL, pgconn: ctypes.c_void_p) -> str:
-    message = lib.PQerrorMessage(pgconn)
+def _error(pgconn: ctypes.c_void_p) -> str:
+    message = libpq.required("PQerrorMessage", (ctypes.c_void_p,), ctypes.c_char_p)(pgconn)
     return message.decode("utf-8", "replace").strip() if message else "unknown libpq error"

@@ -24,6 +24,7 @@ from typing import Any
 from cdcd.config.model import PostgresConfig
 from cdcd.errors import ConfigError
 from cdcd.naming import format_table, matches_table, parse_table, table_globs
+from cdcd.source.connection import quote_ident
 from cdcd.source.versions import (
     GENERATED_COLUMNS_SINCE,
     ORIGIN_SINCE,
@@ -341,11 +342,7 @@ def target_sql(sql_name: str, spec: TableSpec) -> str:
     """One table of ``FOR TABLE`` / ``SET TABLE`` / ``ADD TABLE``, with its column list and filter."""
     out = sql_name
     if spec.columns is not None:
-        out += " (" + ", ".join(_quote(c) for c in spec.columns) + ")"
+        out += " (" + ", ".join(quote_ident(c) for c in spec.columns) + ")"
     if spec.where is not None:
         out += f" WHERE ({spec.where}\n)"
     return out
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

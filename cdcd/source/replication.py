@@ -25,7 +25,7 @@ import psycopg2.extras
 
 from cdcd.errors import DefiniteError, TransientError
 from cdcd.protocol.lsn import Lsn
-from cdcd.source.database import connect
+from cdcd.source.connection import connect
 from cdcd.source.feedback import send_status
 from cdcd.source.sqlstate import error_code
 from cdcd.source.versions import has_messages

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cdcd.errors import TransientError
-from cdcd.source.database import SourceDatabase
+from cdcd.source.connection import MetadataConnection
 
 __all__ = ["REMEDY", "SlotHolder", "SlotInUseError", "slot_holder", "slot_in_use"]
 
@@ -71,7 +71,7 @@ class SlotInUseError(TransientError):
         return f"{self.message}; {self.hint}"
 
 
-def slot_holder(db: SourceDatabase, pid: int) -> SlotHolder:
+def slot_holder(db: MetadataConnection, pid: int) -> SlotHolder:
     """The backend ``pid`` from ``pg_stat_activity`` (only its PID if it is gone or hidden)."""
     rows = db.query(
         "SELECT backend_type, usename, application_name, host(client_addr), client_port, "

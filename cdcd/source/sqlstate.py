@@ -23,10 +23,11 @@ libpq's error text only, although the server's ErrorResponse holds the code
   ``PGconn`` (``pgconn_ptr``) before the first poll. :func:`connect_sqlstates`
   therefore repeats a failed attempt once that way, with
   ``PQsetErrorVerbosity`` called through ``ctypes`` on the very libpq psycopg2
-  is linked with (looked up through psycopg2's own extension module, so the
-  ``PGconn`` and the function always come from the same library), and reads
-  the codes from the text. The repeat costs one more attempt, only after a
-  failure; it never changes what the first attempt did.
+  is linked with (:mod:`cdcd.source.libpq`: looked up through psycopg2's own
+  extension module, so the ``PGconn`` and the function always come from the
+  same library), and reads the codes from the text. The repeat costs one
+  more attempt, only after a failure; it never changes what the first
+  attempt did.
 
 Messages libpq makes up itself (connection refused, timeouts, ``no password
 supplied``, TLS) have no SQLSTATE. They are libpq's own English text: cdcd
@@ -38,7 +39,6 @@ their words.
 from __future__ import annotations
 
 import ctypes
-import functools
 import re
 import select
 import time
@@ -47,6 +47,8 @@ from typing import Any
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
+
+from cdcd.source import libpq
 
 __all__ = [
     "CONNECT_REFUSED",
@@ -98,19 +100,9 @@ def sqlstates_in(text: str) -> tuple[str, ...]:
     return tuple(_VERBOSE_CODE.findall(text))
 
 
-@functools.cache
 def _set_error_verbosity() -> Any:
     """libpq's ``PQsetErrorVerbosity`` from the library psycopg2 uses; None if unavailable."""
-    from psycopg2 import _psycopg
-
-    try:
-        # dlsym on the extension's handle searches its dependencies: psycopg2's libpq.
-        function = ctypes.CDLL(_psycopg.__file__).PQsetErrorVerbosity
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
+    return libpq.function("PQsetErrorVerbosity", (ctypes.c_void_p, ctypes.c_int), ctypes.c_int)
 
 
 def connect_sqlstates(dsn: str, kwargs: dict[str, Any], timeout_s: float) -> tuple[str, ...] | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cdcd.source.database import SourceDatabase
+from cdcd.source.connection import MetadataConnection
 
 #: ``pg_stat_replication.sync_state`` values that make commits wait for cdcd.
 COUNTED_STATES = frozenset({"sync", "quorum"})
@@ -93,7 +93,7 @@ class SyncStatus:
         return self.sync_state in COUNTED_STATES
 
 
-def walsender_sync_state(db: SourceDatabase, slot: str) -> str | None:
+def walsender_sync_state(db: MetadataConnection, slot: str) -> str | None:
     """``pg_stat_replication.sync_state`` of the walsender streaming from ``slot``."""
     rows = db.query(
         "SELECT r.sync_state FROM pg_stat_replication r "
@@ -103,7 +103,7 @@ def walsender_sync_state(db: SourceDatabase, slot: str) -> str | None:
     return str(rows[0][0]) if rows and rows[0][0] is not None else None
 
 
-def sync_status(db: SourceDatabase, slot: str, application_name: str) -> SyncStatus:
+def sync_status(db: MetadataConnection, slot: str, application_name: str) -> SyncStatus:
     setting = db.setting("synchronous_standby_names") or ""
     names = parse_standby_names(setting)
     entry = names.entry_for(application_name) if names is not None else None

@@ -21,7 +21,17 @@ used by the modules above and tested without a JVM:
   a writer's rows to a reader's (defaults, renames, exact conversions);
 * :mod:`cdcd.spark.decode` -- vectorised Avro decoding of Kafka rows, each
   with its writer schema, into typed Arrow columns;
-* :mod:`cdcd.spark.apply` -- what a batch of changes does to a table.
+* :mod:`cdcd.spark.apply` -- what a batch of changes does to a table's rows
+  (one run of one identity: :mod:`cdcd.spark.apply_runs`; the row tables and
+  results: :mod:`cdcd.spark.rows`; a table's state and one batch of one
+  table: :mod:`cdcd.spark.tablestate`); :mod:`cdcd.spark.history` -- what it
+  does to the table's history;
+* :mod:`cdcd.spark.mirror` -- ``cdcd mirror``'s Delta tables: the entry
+  point and map of its rooms (the Spark job :mod:`cdcd.spark.job`, the
+  executors' bulk writes :mod:`cdcd.spark.bulk`, the store
+  :mod:`cdcd.spark.store` and :mod:`cdcd.spark.history_store`, Delta
+  plumbing :mod:`cdcd.spark.deltaio`, fault points :mod:`cdcd.spark.faults`);
+  :mod:`cdcd.spark.autocdc` -- ``apply_changes`` for your own pipelines.
 
 Wire headers and writer schemas (``<prefix>._schemas`` or the registry) come
 from :mod:`cdcd.consumer`, shared with ``cdcd demo``. Nothing here imports

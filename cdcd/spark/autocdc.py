@@ -28,7 +28,7 @@ current state, which the next batch needs, in ``target/_cdcd_current``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from cdcd.errors import ConfigError
 from cdcd.spark.layout import CHANGE_COLUMNS, RowLayout, changes_arrow_schema
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame
 
     from cdcd.spark.mirror import BatchReport
@@ -227,6 +228,40 @@ def _from_flat(
     )
 
 
+def _reduce_partition(
+    batches: Iterator[pa.RecordBatch], identity: tuple[str, ...], per_commit: bool
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: a task's changes with each key's runs of upserts collapsed
+    (:func:`cdcd.spark.decode.reduce_native`)."""
+    import pyarrow as pa
+
+    from cdcd.spark.decode import NativeChanges, reduce_native
+
+    parts = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if not parts:
+        return
+    table = pa.concat_tables(parts)
+    layout = RowLayout.from_arrow(table.schema.field("after").type)
+    native = NativeChanges("", b"", layout, table, (), identity)
+    yield from reduce_native(native, per_commit=per_commit).changes.to_batches()
+
+
+def _reduced(df: DataFrame, keys: Sequence[str], per_commit: bool) -> DataFrame:
+    """``df`` reduced on the executors, after a shuffle that puts each key's changes
+    in one task (a DataFrame, unlike Kafka, does not keep a key on one partition)."""
+    from functools import partial
+
+    from pyspark.sql import functions as F
+
+    if not keys:
+        return df  # matched on whole rows: nothing collapses
+    image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
+    by_key = df.repartition(*[image.getField(k) for k in keys])
+    return by_key.mapInArrow(
+        partial(_reduce_partition, identity=tuple(keys), per_commit=per_commit), df.schema
+    )
+
+
 def apply_changes(
     source_df: DataFrame,
     target: str,
@@ -270,7 +305,9 @@ def apply_changes(
         changes_df, key, columns = _from_changes(source_df, arguments)
     else:
         changes_df, key, columns = _from_flat(source_df, target, arguments)
-    changes = changes_df.toArrow()
+    # Each key's changes to one task, reduced there: the driver receives at most
+    # one change per key (per key and transaction for type 2), not the batch.
+    changes = _reduced(changes_df, key, per_commit=stored_as_scd_type == 2).toArrow()
     row_type = changes.schema.field("after").type
     layout = RowLayout.from_arrow(row_type, key)
     changes = changes.cast(changes_arrow_schema(layout))

@@ -556,6 +556,10 @@ _PAYLOAD_SCHEMA = pa.schema(
 )
 
 
+#: Changes per payload row of :func:`decode_payloads`.
+PAYLOAD_ROWS = 50_000
+
+
 def _ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -668,13 +672,20 @@ def decode_payloads(
         )
         for g, t in decoded.items()
     ]
-    if natives:
+    # At most PAYLOAD_ROWS changes per payload: one value of a few MB, not one
+    # the size of a task's share of a snapshot (the JVM holds each value whole).
+    chunks = [
+        (n, n.changes.slice(start, PAYLOAD_ROWS))
+        for n in natives
+        for start in range(0, n.changes.num_rows, PAYLOAD_ROWS)
+    ]
+    if chunks:
         yield pa.RecordBatch.from_pydict(
             {
-                "topic": [n.topic for n in natives],
-                "header": [n.header for n in natives],
-                "identity": [_identity_text(n.identity) for n in natives],
-                "payload": [_ipc(n.changes) for n in natives],
+                "topic": [n.topic for n, _ in chunks],
+                "header": [n.header for n, _ in chunks],
+                "identity": [_identity_text(n.identity) for n, _ in chunks],
+                "payload": [_ipc(chunk) for _, chunk in chunks],
             },
             schema=_PAYLOAD_SCHEMA,
         )

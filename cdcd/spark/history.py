@@ -44,8 +44,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdcd.spark.apply import META_LSN, META_SEQ, Event, Version
 from cdcd.spark.layout import RowLayout
+from cdcd.spark.rows import META_LSN, META_SEQ, Event, Version
 
 __all__ = [
     "END_AT",

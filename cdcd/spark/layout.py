@@ -80,6 +80,7 @@ __all__ = [
     "default_array",
     "key_columns",
     "newest_branch",
+    "only_added_plain_columns",
     "row_schema_of",
     "to_reader",
     "union_branches",
@@ -655,3 +656,15 @@ def to_reader(changes: pa.Table, writer: RowLayout, reader: RowLayout, topic: st
     arrays.append(convert_rows(changes.column("before"), writer, reader, topic))
     arrays.append(convert_rows(changes.column("after"), writer, reader, topic))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def only_added_plain_columns(old: RowLayout, new: RowLayout) -> bool:
+    """``new`` is ``old`` plus columns without a default nor history: Delta evolves that."""
+    count = len(old.columns)
+    if new.columns[:count] != old.columns:
+        return False
+    known = {name for c in old.columns for name in (c.name, *c.aliases)}
+    return all(
+        c.default is None and not c.key and not ({c.name, *c.aliases} & known)
+        for c in new.columns[count:]
+    )

@@ -23,6 +23,9 @@ For each table size, printed:
   rewritten, and peak RSS during that batch (VmHWM reset before it via
   ``/proc/self/clear_refs``).
 
+Wall and CPU seconds are both printed: on a shared machine the wall time
+also counts other processes' turns.
+
 Targets (issue 17): the recent-key batch at 10M rows within 2x of 1M;
 peak RSS below 2 GB at 10M rows, first build included.
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -82,6 +86,12 @@ def _peak_rss_mb() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process so far (the machine may be shared: wall is not enough)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _reset_peak() -> None:
@@ -154,6 +164,7 @@ def run(rows: int, directory: Path, history: bool = False, changes_count: int = 
     lsn = 1_000
     _reset_peak()
     started = time.monotonic()
+    cpu = _cpu_s()
     for first in range(1, rows + 1, BUILD_BATCH):
         ids = np.arange(first, min(first + BUILD_BATCH, rows + 1), dtype=np.int64)
         _apply(job, batch_id, _changes(layout, ids, "c", lsn, 0), layout)
@@ -161,7 +172,8 @@ def run(rows: int, directory: Path, history: bool = False, changes_count: int = 
         lsn += 1
     build_s = time.monotonic() - started
     print(
-        f"rows={rows:>10,}  first build: {build_s:7.1f} s  peak RSS {_peak_rss_mb():7.0f} MB  "
+        f"rows={rows:>10,}  first build: {build_s:7.1f} s ({_cpu_s() - cpu:7.1f} CPU-s)  "
+        f"peak RSS {_peak_rss_mb():7.0f} MB  "
         f"files {len(_files(directory))}",
         flush=True,
     )
@@ -177,11 +189,14 @@ def run(rows: int, directory: Path, history: bool = False, changes_count: int = 
         before = _files(directory)
         _reset_peak()
         started = time.monotonic()
+        cpu = _cpu_s()
         _apply(job, batch_id, changes, layout)
         apply_s = time.monotonic() - started
+        cpu = _cpu_s() - cpu
         written = len(_files(directory) - before)
         print(
-            f"rows={rows:>10,}  {changes_count:,} updates, {name}: {apply_s:6.2f} s  "
+            f"rows={rows:>10,}  {changes_count:,} updates, {name}: {apply_s:6.2f} s "
+            f"({cpu:5.2f} CPU-s)  "
             f"peak RSS {_peak_rss_mb():7.0f} MB  files written {written}",
             flush=True,
         )
@@ -196,7 +211,10 @@ def main() -> None:
     parser.add_argument("--history", action="store_true", help="keep history tables too")
     parser.add_argument("--changes", type=int, default=CHANGES, help="updates per update batch")
     args = parser.parse_args()
-    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} pyarrow={pa.__version__}")
+    print(
+        f"cpus={os.cpu_count()} python={sys.version.split()[0]} pyarrow={pa.__version__} "
+        f"load={os.getloadavg()}"
+    )
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-mirror-"))
     try:
         for rows in args.rows:

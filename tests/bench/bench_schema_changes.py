@@ -33,9 +33,9 @@ from pathlib import Path
 
 import yaml
 
-from cdcd.local.broker import LocalBroker
-from cdcd.local.postgres import LocalPostgres
-from cdcd.local.workload import orders_ddl
+from cdcd.tools.local.broker import LocalBroker
+from cdcd.tools.local.postgres import LocalPostgres
+from cdcd.tools.local.workload import orders_ddl
 
 ORDERS = orders_ddl() + """;
 INSERT INTO orders(customer_id, status, amount, note, flags, payload)

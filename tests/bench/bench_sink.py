@@ -23,10 +23,10 @@ import time
 from confluent_kafka import Producer
 
 from cdcd.ack import AckTracker
-from cdcd.local.broker import LocalBroker
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink import KafkaSink, TopicSpec, build_producer_config, ensure_topics
 from cdcd.sink.producer import classify_delivery_report
+from cdcd.tools.local.broker import LocalBroker
 
 TXN_SIZE = 10
 

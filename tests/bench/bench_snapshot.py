@@ -1,148 +1,144 @@
-"""Snapshot throughput (rows/s) for the SPEC §9 ``orders`` table.
+"""Initial snapshot of the SPEC §9 ``orders`` table against its ``COPY`` ceiling.
 
-Run: ``.venv/bin/python tests/bench/bench_snapshot.py [--rows 1000000] [--parallelism 1,2]``.
+Run: ``.venv/bin/python -m tests.bench.bench_snapshot [--rows 1000000] [--connections 1,2]``.
 
-Starts a throwaway PostgreSQL 15 and tansu broker, fills ``orders`` with
-``--rows`` rows shaped like the SPEC §9 workload (random customer_id and
-amount, status 'shipped', an md5 note, alternating flags, a two-key JSON
-payload), then measures, in this process, a ``cdcd.pipeline.session.Session``:
+Uses ``cdcd bench``'s own pieces (``cdcd.tools.bench``): a throwaway
+PostgreSQL 15 and broker (or ``--dsn`` / ``--bootstrap-servers``), the §9
+load, then per connection count:
 
-* the initial snapshot (``snapshot.mode: initial_only``: create the slot with
-  an exported snapshot, read, encode, produce, wait for every acknowledgement)
-  once per ``--parallelism`` value; the figure is the rows divided by the time
-  from the first read to the last acknowledgement (slot creation and topic
-  setup excluded);
-* an incremental snapshot of the same table while streaming (requested in
-  the signal table, ``--chunk-rows`` per chunk): rows divided by the time from
-  the request being picked up to the job being recorded done.
+* the initial snapshot (``snapshot.mode: initial_only``, ``parallelism`` =
+  connections, the session in this process): rows/s from the first read to
+  the last acknowledgement, cdcd's CPU per row (this process, the bench's
+  threads left out) and the server's CPU per row (the backends, from /proc);
+* ``COPY … TO STDOUT`` of the same table over the same number of
+  connections, each from a client process of its own, to /dev/null: the
+  rate and server CPU per row PostgreSQL needs to hand the rows over at all;
+* with ``--incremental``, an incremental snapshot of the same table while
+  streaming (requested in the signal table, ``--chunk-rows`` per chunk): rows/s
+  from the request to the job recorded done, and cdcd's CPU per row.
 
-PostgreSQL, the broker and this process share the machine's cores, so the
-figures are for comparing runs on one machine, not absolute.
+CPU per row is the figure to compare across runs on a busy machine; rows/s
+moves with whatever else runs on it.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import threading
+import json
 import time
 from typing import Any
 
+import psycopg2.errors
+
 from cdcd.config.model import parse_config
-from cdcd.local.broker import LocalBroker
-from cdcd.local.postgres import LocalPostgres
-from cdcd.local.workload import orders_ddl
 from cdcd.observability.metrics import Metrics
-from cdcd.pipeline.session import Session
+from cdcd.tools.bench import session as bench_session
+from cdcd.tools.bench.ceilings import copy_ceiling
+from cdcd.tools.bench.cpu import cdcd_cpu_s
+from cdcd.tools.bench.workload import SCHEMA, connect, drop_slot, environment, load, prepare
 
-ORDERS = orders_ddl() + """;
-INSERT INTO orders(customer_id, status, amount, note, flags, payload)
-SELECT (random() * 100000)::int, 'shipped', round((random() * 10000)::numeric, 2),
-       md5(g::text), g %% 2 = 0, jsonb_build_object('sku', g %% 1000, 'qty', g %% 7)
-FROM generate_series(1, %s) g;
-"""
+INCREMENTAL_SLOT = "cdcd_bench_incremental"
 
 
-class _Marks(logging.Handler):
-    """Timestamps of the snapshot log lines that bracket the measured work."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.marks: dict[str, float] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        for mark in ("initial snapshot of", "initial snapshot complete", "incremental snapshot",
-                     "snapshot job"):
-            if message.startswith(mark) and mark not in self.marks:
-                self.marks[mark] = record.created
-
-
-def _config(dsn: str, bootstrap: str, prefix: str, slot: str, snapshot: dict[str, Any]) -> Any:
-    return parse_config(
-        {
-            "postgres": {"dsn": dsn, "slot": slot, "tables": ["public.orders"], "status_interval_s": 1},
-            "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": prefix, "partitions": 6},
-            "snapshot": snapshot,
-            "metrics": {"listen": "127.0.0.1:0"},
-            "heartbeat": {"interval_s": 0},
-        }
-    )
-
-
-def bench_initial(dsn: str, bootstrap: str, rows: int, parallelism: int, chunk_rows: int) -> float:
-    marks = _Marks()
-    logging.getLogger("cdcd.snapshot").addHandler(marks)
-    slot = f"bench_initial_{parallelism}"
-    config = _config(
-        dsn, bootstrap, f"bi{parallelism}", slot,
-        {"mode": "initial_only", "parallelism": parallelism, "chunk_rows": chunk_rows},
-    )
-    try:
-        Session(config, threading.Event(), Metrics(process_collectors=False)).run()
-    finally:
-        logging.getLogger("cdcd.snapshot").removeHandler(marks)
-    elapsed = marks.marks["initial snapshot complete"] - marks.marks["initial snapshot of"]
-    return rows / elapsed
-
-
-def bench_incremental(pg: LocalPostgres, dsn: str, bootstrap: str, rows: int, chunk_rows: int) -> float:
-    marks = _Marks()
-    logging.getLogger("cdcd.snapshot").addHandler(marks)
-    config = _config(dsn, bootstrap, "bincr", "bench_incremental",
-                     {"mode": "never", "chunk_rows": chunk_rows})
-    stop = threading.Event()
-    session = Session(config, stop, Metrics(process_collectors=False))
-    thread = threading.Thread(target=session.run, daemon=True)
-    thread.start()
-    try:
-        while not pg.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = "
-                             "'bench_incremental' AND active", dbname="bench"):
+def _drop_when_released(conn: Any, slot: str, timeout_s: float = 60.0) -> None:
+    """Drop ``slot`` once its walsender let go of it (it ends just after the session)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            drop_slot(conn, slot)
+            return
+        except psycopg2.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
             time.sleep(0.1)
-        pg.execute("INSERT INTO cdcd_signal (id, data) VALUES ('bench', "
-                   "'{\"data-collections\": [\"public.orders\"]}')", dbname="bench")
-        while pg.execute("SELECT status FROM cdcd_signal WHERE id = 'bench'",
-                         dbname="bench")[0][0] != "done":
-            if not thread.is_alive():
-                raise RuntimeError("the session stopped")
-            time.sleep(0.05)
-        done = time.time()
+
+
+def incremental(dsn: str, bootstrap: str, rows: int, chunk_rows: int) -> dict[str, float]:
+    """An incremental snapshot of the loaded table while streaming: rows/s, cdcd CPU per row."""
+    conn = connect(dsn)
+    try:
+        drop_slot(conn, INCREMENTAL_SLOT)
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (INCREMENTAL_SLOT,))
+        config = bench_session.bench_config(dsn, bootstrap, INCREMENTAL_SLOT).model_dump()
+        config["kafka"]["topic_prefix"] = "cdcd_bench_incremental"
+        config["snapshot"] = {"mode": "never", "chunk_rows": chunk_rows}
+        parsed = parse_config(config)
+        with bench_session.running_session(parsed, Metrics(process_collectors=False)) as running:
+            job = f"bench-{time.time_ns()}"
+            started, cpu = time.monotonic(), cdcd_cpu_s()
+            with conn.cursor() as cur:
+                cur.execute(
+                    "INSERT INTO cdcd_signal (id, data) VALUES (%s, %s)",
+                    (job, json.dumps({"data-collections": [f"{SCHEMA}.orders"]})),
+                )
+            while True:
+                running.check()
+                with conn.cursor() as cur:
+                    cur.execute("SELECT status FROM cdcd_signal WHERE id = %s", (job,))
+                    if cur.fetchone()[0] == "done":
+                        break
+                time.sleep(0.05)
+            elapsed, cpu = time.monotonic() - started, cdcd_cpu_s() - cpu
+        _drop_when_released(conn, INCREMENTAL_SLOT)
     finally:
-        stop.set()
-        thread.join(60)
-        logging.getLogger("cdcd.snapshot").removeHandler(marks)
-    return rows / (done - marks.marks["incremental snapshot"])
+        conn.close()
+    return {
+        "incremental_rows_per_s": round(rows / elapsed),
+        "incremental_cdcd_cpu_us_per_row": round(cpu / rows * 1e6, 2),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--parallelism", default="1,2", help="comma-separated values to compare")
+    parser.add_argument("--connections", default="1,2", help="comma-separated counts to compare")
+    parser.add_argument("--dsn", default=None)
+    parser.add_argument("--bootstrap-servers", default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="one JSON object per line, no progress")
+    parser.add_argument("--incremental", action="store_true", help="also an incremental snapshot")
     parser.add_argument("--chunk-rows", type=int, default=10_000)
-    parser.add_argument("--no-incremental", action="store_true")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("cdcd.snapshot").setLevel(logging.INFO)
-    pg = LocalPostgres.start()
-    broker = LocalBroker.start()
-    try:
-        pg.create_database("bench")
-        started = time.monotonic()
-        pg.execute(ORDERS, (args.rows,), dbname="bench")
-        pg.execute("VACUUM ANALYZE orders", dbname="bench")
-        print(f"loaded {args.rows:,} rows into orders in {time.monotonic() - started:.1f} s")
-        dsn = pg.dsn("bench")
-        for parallelism in (int(p) for p in args.parallelism.split(",")):
-            rate = bench_initial(dsn, broker.bootstrap_servers, args.rows, parallelism, args.chunk_rows)
-            print(f"initial snapshot, parallelism {parallelism}, chunk_rows {args.chunk_rows}: "
-                  f"{rate:,.0f} rows/s")
-        if not args.no_incremental:
-            rate = bench_incremental(pg, dsn, broker.bootstrap_servers, args.rows, args.chunk_rows)
-            print(f"incremental snapshot while streaming, chunk_rows {args.chunk_rows}: "
-                  f"{rate:,.0f} rows/s")
-    finally:
-        broker.cleanup()
-        pg.cleanup()
+    with environment(args) as (dsn, bootstrap, _):
+        conn = connect(dsn)
+        try:
+            prepare(conn)
+        finally:
+            conn.close()
+        load(dsn, args.rows, args.seed, args.json)
+        for connections in (int(c) for c in args.connections.split(",")):
+            # The bench's one knob for the snapshot's readers (module attribute).
+            # The bench's knobs for the snapshot (module attributes): a slot of
+            # its own per run, since each run creates its slot exporting a snapshot.
+            bench_session.SNAPSHOT_CONNECTIONS = connections
+            bench_session.SNAPSHOT_SLOT = f"cdcd_bench_snapshot_{connections}"
+            run = bench_session.initial_snapshot(dsn, bootstrap, args.rows)
+            copy = copy_ceiling(dsn, connections)
+            figures = {
+                "connections": connections,
+                "rows": args.rows,
+                "rows_per_s": round(args.rows / run.seconds),
+                "cdcd_cpu_us_per_row": round(run.cdcd_cpu_s / args.rows * 1e6, 2),
+                "server_cpu_us_per_row": round(run.server_cpu_s / args.rows * 1e6, 2),
+                "copy_rows_per_s": round(copy.rows / copy.seconds),
+                "copy_server_cpu_us_per_row": round(copy.server_cpu_s / max(copy.rows, 1) * 1e6, 2),
+            }
+            figures["ratio_copy"] = round(figures["rows_per_s"] / figures["copy_rows_per_s"], 3)
+            if args.json:
+                print(json.dumps(figures), flush=True)
+            else:
+                print(
+                    f"{connections} connection(s): snapshot {figures['rows_per_s']:,} rows/s, "
+                    f"cdcd {figures['cdcd_cpu_us_per_row']} µs/row, server "
+                    f"{figures['server_cpu_us_per_row']} µs/row | COPY {figures['copy_rows_per_s']:,} "
+                    f"rows/s, server {figures['copy_server_cpu_us_per_row']} µs/row | "
+                    f"ratio {figures['ratio_copy']}",
+                    flush=True,
+                )
+        if args.incremental:
+            figures = incremental(dsn, bootstrap, args.rows, args.chunk_rows)
+            print(json.dumps(figures) if args.json else f"incremental snapshot: {figures}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from cdcd.local import LocalBroker, LocalPostgres
-from cdcd.local.workload import orders_ddl
+from cdcd.tools.local import LocalBroker, LocalPostgres
+from cdcd.tools.local.workload import orders_ddl
 
 SCRIPT = """\\set first random(1, 1000000000)
 BEGIN;

@@ -28,9 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from cdcd import bench
-from cdcd.local import LocalBroker, LocalPostgres
 from cdcd.observability.metrics import Metrics
+from cdcd.tools.bench import session as bench_session
+from cdcd.tools.bench import workload as bench_workload
+from cdcd.tools.local import LocalBroker, LocalPostgres
 
 #: Frames that mark the session thread's stacks (the loop and its callees).
 SESSION_FRAME = "Session._loop ("
@@ -91,23 +92,23 @@ def main() -> None:
     try:
         cluster.create_database("bench")
         dsn = cluster.dsn("bench")
-        conn = bench._connect(dsn)
-        bench._prepare(conn)
+        conn = bench_workload.connect(dsn)
+        bench_workload.prepare(conn)
         print(f"loading {args.rows:,} rows", file=sys.stderr)
-        bench._load(dsn, args.rows, args.seed, quiet=True)
-        end_lsn = bench._current(conn)
-        config = bench._config(dsn, broker.bootstrap_servers, bench.CDCD_SLOT)
+        bench_workload.load(dsn, args.rows, args.seed, quiet=True)
+        end_lsn = bench_workload.current_lsn(conn)
+        config = bench_session.bench_config(dsn, broker.bootstrap_servers, bench_workload.CDCD_SLOT)
         argv = [py_spy, "record", "--pid", str(os.getpid()), "--rate", str(args.rate),
                 "--format", "raw", "--output", str(raw)]  # fmt: skip
         if not args.blocking:
             argv.append("--nonblocking")
         if args.idle:
             argv.append("--idle")
-        with bench._session(config, Metrics(process_collectors=False)) as running:
+        with bench_session.running_session(config, Metrics(process_collectors=False)) as running:
             spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             started = time.monotonic()
-            bench._wait_confirmed(
-                conn, bench.CDCD_SLOT, end_lsn, timeout_s=1800, check=running.check
+            bench_workload.wait_confirmed(
+                conn, bench_workload.CDCD_SLOT, end_lsn, timeout_s=1800, check=running.check
             )
             elapsed = time.monotonic() - started
             spy.send_signal(signal.SIGINT)

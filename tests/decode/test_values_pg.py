@@ -12,7 +12,6 @@ times, ``encode(col, 'hex')`` for bytea, and so on.
 from __future__ import annotations
 
 import io
-import math
 import struct
 import uuid
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any
 import fastavro
 import psycopg2
 import pytest
-from support.pg import PgDatabase, create_publication, create_slot, read_pgoutput
+from support.pg import PgDatabase, read_pgoutput
 
 from cdcd.decode.values import (
     DATE_MAX,
@@ -38,6 +37,8 @@ from cdcd.decode.values import (
 from cdcd.protocol import PgOutputDecoder
 from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, Insert, Relation
 from cdcd.source.catalog import PgCatalog, column_dimensions
+
+from .helpers import same
 
 pytestmark = pytest.mark.integration
 
@@ -438,9 +439,7 @@ def _create_table(db: PgDatabase) -> None:
         defs.append(f'"{column.name}" {column.sql_type}{dims}')
     db.execute(f"CREATE TABLE t (id int PRIMARY KEY, {', '.join(defs)})")
     db.execute("ALTER TABLE t REPLICA IDENTITY FULL")
-    conn = db.connect()
-    create_publication(conn, "pub", ["t"])
-    create_slot(conn, "slot")
+    db.capture(["t"])
     for row in range(ROWS):
         db.execute(f"INSERT INTO t VALUES ({row}, {', '.join(_row_values(row))})")
     # Lower-bound decorations and literal element text that needs escaping.
@@ -502,17 +501,6 @@ def _reshape(flat: list[Any], dims_text: str | None, convert: Callable[[str], An
     for length in reversed(lengths[1:]):
         items = [items[i : i + length] for i in range(0, len(items), length)]
     return items
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equality that treats NaN as equal to NaN and tells -0.0 from 0.0."""
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return a == b and math.copysign(1, a) == math.copysign(1, b)
-    return bool(type(a) is type(b) and a == b)
 
 
 def _short(value: Any) -> str:
@@ -577,13 +565,13 @@ def _check(db: PgDatabase, timezone: str) -> None:
             except ValueError as exc:
                 failures.append(f"row {row_id} {column.name}: {raw[:80]!r} raised {exc}")
                 continue
-            if not _same(got, want):
+            if not same(got, want):
                 failures.append(
                     f"row {row_id} {column.name}: {raw[:80]!r} -> {_short(got)}, "
                     f"expected {_short(want)}"
                 )
             python = codec.to_python(raw)
-            if not _same(python, want):
+            if not same(python, want):
                 failures.append(
                     f"row {row_id} {column.name}: to_python {_short(python)} != {_short(want)}"
                 )
@@ -609,10 +597,9 @@ def test_unrepresentable_values_raise(pg: PgDatabase) -> None:
         "CREATE TABLE bad (id int PRIMARY KEY, n numeric(5,2), a int4[]);"
         "ALTER TABLE bad REPLICA IDENTITY FULL"
     )
-    conn = pg.connect()
-    create_publication(conn, "pub", ["bad"])
-    create_slot(conn, "slot")
+    pg.capture(["bad"])
     pg.execute("INSERT INTO bad VALUES (1, 'NaN', '{{1,2},{3,4}}'), (2, NULL, '[0:0][1:1]={{5}}')")
+    conn = pg.connect()
     catalog = PgCatalog(conn)
     relation, inserts = _read_inserts(pg, "UTC")
     dims = column_dimensions(conn, relation.relation_id)

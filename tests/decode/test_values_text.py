@@ -31,6 +31,8 @@ from cdcd.decode.values import (
     numeric_typmod,
 )
 
+from .helpers import same
+
 CATALOG = StaticCatalog(
     {
         16385: PgType(16385, "public", "citext", "b", "S", 0, 0, -1, ","),
@@ -76,16 +78,6 @@ def text_value(oid: int, text: bytes, mod: int = -1, dims: int = 1) -> Any:
     got = decode(codec, codec.from_text(text))
     assert same(codec.to_python(text), got)
     return got
-
-
-def same(a: Any, b: Any) -> bool:
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return a == b and math.copysign(1, a) == math.copysign(1, b)
-    return bool(type(a) is type(b) and a == b)
 
 
 MAX_TS = datetime(9999, 12, 31, 23, 59, 59, 999999)

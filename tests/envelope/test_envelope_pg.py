@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from decode.test_values_pg import SESSION, _columns, _create_table, _expected, _same, _short
-from support.pg import create_publication, create_slot, read_pgoutput
+from decode.helpers import same
+from decode.test_values_pg import SESSION, _columns, _create_table, _expected, _short
+from support.pg import read_pgoutput
 
 from cdcd.envelope.schemas import field_names
 from cdcd.errors import EncodeError
@@ -26,7 +27,7 @@ def _check_row(record: dict[str, Any], expected: dict[str, Any], names: dict[str
     for column in _columns():
         got = record[names[column.name]]
         want = expected[column.name]
-        assert _same(got, want), f"{column.name}: {_short(got)} != {_short(want)}"
+        assert same(got, want), f"{column.name}: {_short(got)} != {_short(want)}"
 
 
 def test_insert_update_delete_every_type(pg) -> None:
@@ -68,9 +69,7 @@ def test_insert_update_delete_every_type(pg) -> None:
 def test_binary_values_from_the_server_are_refused(pg) -> None:
     """cdcd never asks pgoutput for ``binary``; should 'b' values come, it stops."""
     pg.execute("CREATE TABLE q(id int PRIMARY KEY, note text)")
-    conn = pg.connect()
-    create_publication(conn, "pub", ["q"])
-    create_slot(conn, "slot")
+    pg.capture(["q"])
     pg.execute("INSERT INTO q VALUES (1, 'one')")
     harness = Harness(pg.dsn)
     try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import fastavro
 import pytest
-from support.pg import create_publication, create_slot, read_pgoutput
+from support.pg import read_pgoutput
 
 from .helpers import Harness
 
@@ -30,9 +30,7 @@ def _resolve(data: bytes, writer: Any, reader: Any) -> dict[str, Any]:
 
 def test_relation_changes_make_resolvable_schemas(pg) -> None:
     pg.execute("CREATE TABLE e(id int PRIMARY KEY, a text, b int, s varchar(20))")
-    conn = pg.connect()
-    create_publication(conn, "pub", ["e"])
-    create_slot(conn, "slot")
+    pg.capture(["e"])
     pg.execute("INSERT INTO e VALUES (1, 'one', 1, 's1')")
     pg.execute("ALTER TABLE e ADD COLUMN c numeric(10,2)")
     pg.execute("INSERT INTO e VALUES (2, 'two', 2, 's2', 2.5)")

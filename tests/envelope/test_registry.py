@@ -18,9 +18,9 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from support.cdc import wait_for
+from support.cdc import wait_for, wait_streaming
 from support.kafka import consume_all
-from support.pg import create_publication, create_slot, read_pgoutput
+from support.pg import read_pgoutput
 
 from cdcd.envelope.wire import REGISTRY_TIMEOUT_S, ConfluentFormat, registry_client
 from cdcd.errors import TransientError
@@ -32,9 +32,7 @@ from .helpers import Harness
 @pytest.mark.integration
 def test_confluent_wire_format_with_mock_registry(pg) -> None:
     pg.execute("CREATE TABLE r(id int PRIMARY KEY, amount numeric(8,2), at timestamptz)")
-    conn = pg.connect()
-    create_publication(conn, "pub", ["r"])
-    create_slot(conn, "slot")
+    pg.capture(["r"])
     pg.execute("INSERT INTO r VALUES (1, 12.5, '2026-11-21 10:00:00+00'), (2, -3.25, NULL)")
     pg.execute("ALTER TABLE r ADD COLUMN note text")
     pg.execute("INSERT INTO r VALUES (3, 1, NULL, 'after alter')")
@@ -197,9 +195,7 @@ def test_the_daemon_waits_out_a_registry_outage(pg, broker, cdc_config, daemons,
                         extra={"schema_registry": {"url": fake_registry.url, "config": QUICK}})
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(config)
-    wait_for(lambda: pg.fetchall(
-        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)),
-        what="daemon streaming")
+    wait_streaming(pg, slot)
     before = pg.fetchone("SELECT confirmed_flush_lsn FROM pg_replication_slots "
                          "WHERE slot_name = %s", (slot,))
     pg.execute("INSERT INTO r VALUES (1, 'a'), (2, 'b')")

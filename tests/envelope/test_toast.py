@@ -9,7 +9,7 @@ REPLICA IDENTITY FULL the old row carries the value, which fills ``after``.
 from __future__ import annotations
 
 import pytest
-from support.pg import create_publication, create_slot, read_pgoutput
+from support.pg import read_pgoutput
 
 from .helpers import Harness
 
@@ -19,9 +19,7 @@ pytestmark = pytest.mark.integration
 def test_unchanged_toast_default_and_full_identity(pg) -> None:
     pg.execute("CREATE TABLE doc(id int PRIMARY KEY, n int, body text)")
     pg.execute("ALTER TABLE doc ALTER COLUMN body SET STORAGE EXTERNAL")  # out of line, uncompressed
-    conn = pg.connect()
-    create_publication(conn, "pub", ["doc"])
-    create_slot(conn, "slot")
+    pg.capture(["doc"])
     body = "".join(f"{i:08x}" for i in range(4000))  # 32 kB
     pg.execute("INSERT INTO doc VALUES (1, 0, %s)", (body,))
     pg.execute("UPDATE doc SET n = 1 WHERE id = 1")

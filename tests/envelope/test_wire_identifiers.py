@@ -18,7 +18,7 @@ from typing import Any
 
 import fastavro
 import pytest
-from support.cdc import SchemaBook, wait_for
+from support.cdc import SchemaBook, wait_for, wait_streaming
 from support.kafka import consume_all
 
 from cdcd.envelope.wire import SingleObjectFormat, schema_fingerprint
@@ -88,9 +88,7 @@ def test_records_before_a_scale_change_keep_their_scale(pg, broker, cdc_config, 
     config = cdc_config(tables=["public.prices"], extra={"schema_changes": {"resnapshot": "never"}})
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(config)
-    wait_for(lambda: pg.fetchall(
-        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)),
-        what="daemon streaming")
+    wait_streaming(pg, slot)
     pg.execute("INSERT INTO prices VALUES (1, 1.23), (2, 4.56)")
     pg.execute("ALTER TABLE prices ALTER COLUMN price TYPE numeric(12,3)")
     pg.execute("INSERT INTO prices VALUES (3, 7.891)")

@@ -18,7 +18,8 @@ import pytest
 from support.cdc import wait_for
 
 from cdcd.errors import TransientError
-from cdcd.source.database import METADATA_LOCK_TIMEOUT, SourceDatabase
+from cdcd.source.connection import METADATA_LOCK_TIMEOUT
+from cdcd.source.database import SourceDatabase
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +120,7 @@ def test_slot_creation_may_wait_longer_than_the_lock_timeout(pg) -> None:
 
 def test_a_lock_error_reads_the_same_in_any_language() -> None:
     # 55P03 decides, not the words (the German server's text here).
-    from cdcd.source.database import query_failure
+    from cdcd.source.connection import query_failure
 
     exc = psycopg2.errors.LockNotAvailable("FEHLER:  Sperrzeitüberschreitung")
     failure = query_failure(exc, "SELECT 1")

@@ -25,8 +25,9 @@ import pytest
 from support.cdc import PROJECT_ROOT, cdcd_argv, wait_for, write_config
 
 from cdcd.errors import DefiniteError, TransientError
-from cdcd.local import LocalPostgres
-from cdcd.source.database import SourceDatabase, connect
+from cdcd.source.connection import connect
+from cdcd.source.database import SourceDatabase
+from cdcd.tools.local import LocalPostgres
 
 GERMAN = "de_DE.UTF-8"
 # cdc needs a password; the roles ghost (password) and phantom (trust) do not

@@ -19,7 +19,7 @@ import pwd
 import shutil
 from collections.abc import Callable, Mapping
 
-from cdcd.local.postgres import LocalPostgres, SettingValue
+from cdcd.tools.local.postgres import LocalPostgres, SettingValue
 
 #: The primary's files a standby must not get (its own are kept or rebuilt).
 _NOT_COPIED = {"postmaster.pid", "postmaster.opts", "cdcd_local.conf", "postgresql.auto.conf"}

@@ -14,9 +14,6 @@ has the WAL).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from decimal import Decimal
@@ -24,11 +21,19 @@ from typing import Any
 
 import psycopg2
 import pytest
-from support.cdc import PROJECT_ROOT, read_changes, replay, wait_for, write_config
-from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
+from support.cdc import (
+    read_changes,
+    replay,
+    run_cdcd,
+    wait_for,
+    wait_streaming,
+    wait_wal_confirmed,
+    write_config,
+)
+from support.pg import PgDatabase, require_version
 from support.workload import KEYS, Workload, table_rows
 
-from cdcd.local.postgres import LocalPostgres, installed_versions
+from cdcd.tools.local.postgres import LocalPostgres
 
 from .standby import build_standby, standby_settings
 
@@ -40,11 +45,7 @@ SLOT = "cdcd_failover"
 
 @pytest.fixture(autouse=True)
 def _needs_17() -> None:
-    if 17 not in installed_versions():
-        message = "PostgreSQL 17 is not installed; `bash .ci/setup` installs it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_version(17)
 
 
 def _dsn(primary: LocalPostgres, standby: LocalPostgres) -> str:
@@ -73,10 +74,7 @@ def _synced(primary: LocalPostgres, standby: LocalPostgres, db: PgDatabase) -> b
 
 
 def _check(config: Any) -> list[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "check", "-c", str(config)], cwd=PROJECT_ROOT,
-        capture_output=True, text=True, timeout=120, check=False,
-    )
+    result = run_cdcd("check", "-c", str(config))
     print(result.stdout)  # the output docs/failover.md quotes
     return result.stdout.splitlines()
 
@@ -190,18 +188,14 @@ def test_promotion_to_a_synchronized_standby(make_pg_cluster, broker, daemons, t
         wait_for(lambda: workload.committed >= before + 30, what="workload on the old primary")
         primary.stop("immediate")
         assert standby.execute("SELECT pg_promote()") == [(True,)]
-        wait_for(lambda: new.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                      "AND active", (SLOT,)),
-                 timeout_s=90, what="the daemon to stream from the promoted standby")
+        wait_streaming(new, SLOT, timeout_s=90)
         wait_for(lambda: on_new_primary[0] >= 30, what="workload on the new primary")
     finally:
         stop.set()
         writer.join(30)
     assert not failures, failures
     conn = new.connect()
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, SLOT) >= target, timeout_s=60,
-             what="the daemon to confirm the new primary's WAL")
+    wait_wal_confirmed(conn, SLOT, timeout_s=60)
     assert daemon.alive(), daemon.log()
     assert daemon.terminate() == 0, daemon.log()
     assert "reconnecting" in daemon.log()

@@ -13,29 +13,28 @@ too (the resync's truncate), every other row came back (``op=r``).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, read_changes, replay, wait_for, write_config
-from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
+from support.cdc import (
+    read_changes,
+    replay,
+    run_cdcd,
+    wait_for,
+    wait_streaming,
+    wait_wal_confirmed,
+    write_config,
+)
+from support.pg import PgDatabase
 from support.workload import KEYS, Workload, table_rows
 
-from cdcd.local.postgres import free_port
+from cdcd.tools.local.postgres import free_port
 
 pytestmark = pytest.mark.integration
 
 TABLES = ("accounts", "items", "ledger")
-
-
-def _cdcd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-        timeout=120, check=False,
-    )
 
 
 def _normalize(rows: dict[Any, dict[str, Any]]) -> dict[Any, dict[str, Any]]:
@@ -80,16 +79,14 @@ def test_invalidated_slot_stops_run_and_resync_restores_equality(
         },
     )
     daemon = daemons(config)
-    wait_for(lambda: db.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                 "AND active", (slot,)), what="the daemon to stream")
+    wait_streaming(db, slot)
     workload.run(conn, 20)
     # The slot's state on the server, sampled with the lag.
     wait_for(lambda: _metric(port, "cdcd_slot_retained_wal_bytes") > 0, what="retained WAL")
     assert _metric(port, 'cdcd_slot_wal_status{status="reserved"}') == 1
     assert _metric(port, 'cdcd_slot_wal_status{status="lost"}') == 0
     assert _metric(port, "cdcd_slot_wal_keep_size_bytes") == 1024 * 1024
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
+    wait_wal_confirmed(conn, slot)
     assert daemon.terminate() == 0, daemon.log()
 
     # The gap: changes no slot will ever stream, deletes among them.
@@ -112,10 +109,10 @@ def test_invalidated_slot_stops_run_and_resync_restores_equality(
     # Nothing was created in its place.
     assert db.fetchone("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,)) == ("lost",)
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert f"FAIL slot {slot}: replication slot {slot} was invalidated" in check.stdout, check.stdout
 
-    done = _cdcd("resync", "-c", str(config))
+    done = run_cdcd("resync", "-c", str(config))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"dropped slot {slot}: replication slot {slot} was invalidated" in done.stdout
     job_id = done.stdout.split("requested incremental snapshot ")[1].split()[0]
@@ -125,8 +122,7 @@ def test_invalidated_slot_stops_run_and_resync_restores_equality(
     daemon = daemons(config)
     with workload.writing(db.connect(), pause_s=0.02):
         wait_for(lambda: _job(db, job_id) == "done", timeout_s=120, what="the resync snapshot")
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
+    wait_wal_confirmed(conn, slot)
     assert daemon.terminate() == 0, daemon.log()
 
     for table in TABLES:
@@ -146,8 +142,7 @@ def test_a_dropped_slot_is_lost_not_created_again(pg, cdc_config, daemons) -> No
     config = cdc_config(tables=["public.t"])
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(config)
-    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                 "AND active", (slot,)), what="the daemon to stream")
+    wait_streaming(pg, slot)
     assert daemon.terminate() == 0, daemon.log()
     pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))  # or a promotion without it
 
@@ -158,10 +153,10 @@ def test_a_dropped_slot_is_lost_not_created_again(pg, cdc_config, daemons) -> No
     assert f"replication slot {slot} is missing on the server cdcd connected to" in errors[0]
     assert "but cdcd streamed from it before" in errors[0] and "cdcd resync" in errors[0]
     assert not pg.fetchall("SELECT 1 FROM pg_replication_slots")  # not created again
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert f"FAIL slot {slot}: replication slot {slot} is missing" in check.stdout, check.stdout
 
-    done = _cdcd("resync", "-c", str(config))
+    done = run_cdcd("resync", "-c", str(config))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith(f"created slot {slot}: the stream starts after "), done.stdout
     job_id = done.stdout.split("requested incremental snapshot ")[1].split()[0]

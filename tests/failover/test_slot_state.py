@@ -8,19 +8,15 @@ that refuses ``postgres.failover: true`` before PostgreSQL 17.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from support.cdc import PROJECT_ROOT
-from support.pg import create_slot
+from support.cdc import run_cdcd
+from support.pg import create_slot, require_version
 
-from cdcd.check import _server_dsn, dsn_servers
 from cdcd.errors import DefiniteError
-from cdcd.local.postgres import installed_versions
+from cdcd.pipeline.failover_readiness import dsn_servers, server_dsn
 from cdcd.protocol.lsn import Lsn
-from cdcd.source.database import SlotInfo, SourceDatabase
+from cdcd.source.database import SourceDatabase
+from cdcd.source.slots import SlotInfo
 from cdcd.source.versions import require_failover
 
 
@@ -31,7 +27,7 @@ def test_dsn_servers_pairs_hosts_and_ports() -> None:
         ("h1", "1"),
         ("h2", "2"),
     ]
-    narrowed = _server_dsn("host=a,b port=1,2 dbname=x password='s p' "
+    narrowed = server_dsn("host=a,b port=1,2 dbname=x password='s p' "
                            "target_session_attrs=read-write", 1)
     assert "host=b" in narrowed and "port=2" in narrowed and "password='s p'" in narrowed
     assert "target_session_attrs=any" in narrowed
@@ -60,11 +56,7 @@ def test_invalidated_and_failover_refusal() -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("version", [12, 13, 16])
 def test_slot_state_on_older_servers(make_pg_cluster, version: int) -> None:
-    if version not in installed_versions():
-        message = f"PostgreSQL {version} is not installed; `bash .ci/setup` installs it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_version(version)
     cluster = make_pg_cluster(version=version)
     with cluster.connection() as conn:
         create_slot(conn, "s")  # the SQL function without the 14+ two-phase argument
@@ -87,7 +79,6 @@ def test_failover_is_refused_in_one_line_before_17(pg, cdc_config, daemons) -> N
     assert len(errors) == 1, daemon.log()
     assert "postgres.failover needs PostgreSQL 17 or newer" in errors[0], errors[0]
     assert not pg.fetchall("SELECT 1 FROM pg_replication_slots")
-    check = subprocess.run([sys.executable, "-m", "cdcd", "check", "-c", str(config)],
-                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    check = run_cdcd("check", "-c", str(config))
     failed = [line for line in check.stdout.splitlines() if line.startswith("FAIL failover")]
     assert len(failed) == 1 and "needs PostgreSQL 17" in failed[0], check.stdout

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -19,8 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, Change, read_resolved_changes, replay, row_record, wait_for
-from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
+from support import cdc
+from support.cdc import (
+    Change,
+    read_resolved_changes,
+    replay,
+    row_record,
+    run_cdcd,
+    wait_for,
+)
+from support.pg import PgDatabase
 
 #: cdcd creates the publication (``create_publication: true``, 16a's work) or
 #: finds one made by hand (``create_publication: false``).
@@ -78,30 +84,23 @@ def postgres_section(
 
 
 def wait_streaming(pg: PgDatabase, daemon: Any = None, timeout_s: float = 120) -> None:
-    def streaming() -> bool:
-        if daemon is not None and not daemon.alive():
-            raise AssertionError(f"the daemon exited:\n{daemon.log()[-3000:]}")
-        return bool(
-            pg.fetchall(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
-                (slot_of(pg),),
-            )
-        )
-
-    wait_for(streaming, timeout_s=timeout_s, interval_s=0.1, what="the daemon to stream")
+    """Until the daemon of ``pg``'s slot streams (see ``support.cdc.wait_streaming``)."""
+    cdc.wait_streaming(pg, slot_of(pg), daemon, timeout_s)
 
 
 def wait_caught_up(pg: PgDatabase, daemon: Any = None, timeout_s: float = 120) -> None:
-    conn = pg.connect()
-    target = current_wal_lsn(conn)
+    """Until the daemon of ``pg``'s slot confirmed everything written so far."""
+    cdc.wait_wal_confirmed(pg.connect(), slot_of(pg), daemon, timeout_s)
 
-    def confirmed() -> bool:
-        if daemon is not None and not daemon.alive():
-            raise AssertionError(f"the daemon exited:\n{daemon.log()[-3000:]}")
-        return slot_confirmed_flush_lsn(conn, slot_of(pg)) >= target
 
-    wait_for(confirmed, timeout_s=timeout_s, interval_s=0.1,
-             what="the daemon to confirm everything written")
+def stream_workload(pg: PgDatabase, daemons: Any, config: Path, workload: list[str]) -> Any:
+    """A daemon on ``config`` (the ``daemons`` fixture), once it streams, then ``workload``
+    run statement by statement; returns the daemon."""
+    daemon = daemons(config)
+    wait_streaming(pg, daemon)
+    for statement in workload:
+        pg.execute(statement)
+    return daemon
 
 
 def normalize(value: Any) -> Any:
@@ -224,10 +223,7 @@ class RegionWriter:
 
 def request_snapshot(config: Path, table: str) -> str:
     """``cdcd snapshot --table``: the job id it printed."""
-    result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "snapshot", "-c", str(config), "--table", table],
-        capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT,
-    )
+    result = run_cdcd("snapshot", "-c", str(config), "--table", table, timeout_s=60)
     assert result.returncode == 0, result.stderr
     match = re.search(r"requested incremental snapshot (\S+) of", result.stdout)
     assert match, result.stdout

@@ -10,11 +10,8 @@ stream alike, one schema), and the replay must equal
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from support.cdc import PROJECT_ROOT, table_topics
+from support.cdc import run_cdcd, table_topics
 from support.kafka import topic_names
 
 from .helpers import (
@@ -25,9 +22,9 @@ from .helpers import (
     read_topics,
     replayed,
     row_fields,
+    stream_workload,
     table_entry,
     wait_caught_up,
-    wait_streaming,
 )
 
 pytestmark = pytest.mark.integration
@@ -56,10 +53,7 @@ def test_schema_and_replay_follow_the_column_list(pg, broker, cdc_config, daemon
     config = cdc_config(
         postgres=postgres_section(pg, owned, [entry]), extra={"snapshot": {"mode": "initial"}}
     )
-    daemon = daemons(config)
-    wait_streaming(pg, daemon)
-    for statement in WORKLOAD:
-        pg.execute(statement)
+    daemon = stream_workload(pg, daemons, config, WORKLOAD)
     wait_caught_up(pg, daemon)
 
     assert table_topics(broker.bootstrap_servers, pg.dbname) == []  # no default-named topic
@@ -77,10 +71,7 @@ def test_schema_and_replay_follow_the_column_list(pg, broker, cdc_config, daemon
     assert_same(got, want)
 
     # `cdcd schemas` shows what the topic holds: the published columns only.
-    shown = subprocess.run(
-        [sys.executable, "-m", "cdcd", "schemas", "-c", str(config)],
-        capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT,
-    )
+    shown = run_cdcd("schemas", "-c", str(config), timeout_s=60)
     assert shown.returncode == 0, shown.stderr
     assert '"amount"' in shown.stdout and '"card_number"' not in shown.stdout, shown.stdout
     assert f'"topic": "{topic}"' in shown.stdout, shown.stdout

@@ -27,10 +27,10 @@ from .helpers import (
     read_topics,
     replayed,
     request_snapshot,
+    stream_workload,
     table_entry,
     wait_caught_up,
     wait_for,
-    wait_streaming,
 )
 
 pytestmark = pytest.mark.integration
@@ -61,10 +61,7 @@ def run(pg, broker, cdc_config, daemons, owned: bool, via_root: bool, resnapshot
         postgres=postgres_section(pg, owned, [table_entry("public.measures")], via_root=via_root),
         extra={"snapshot": {"mode": "initial", "chunk_rows": 20}},
     )
-    daemon = daemons(config)
-    wait_streaming(pg, daemon)
-    for statement in WORKLOAD:
-        pg.execute(statement)
+    daemon = stream_workload(pg, daemons, config, WORKLOAD)
     if resnapshot:
         job = request_snapshot(config, "public.measures")  # the root
         wait_for(lambda: job_status(pg, job) == "done", timeout_s=60, interval_s=0.1,

@@ -21,9 +21,9 @@ from .helpers import (
     postgres_section,
     read_topics,
     replayed,
+    stream_workload,
     table_entry,
     wait_caught_up,
-    wait_streaming,
 )
 
 pytestmark = pytest.mark.integration
@@ -63,10 +63,7 @@ def test_replay_equals_filtered_table(pg, broker, cdc_config, daemons, owned: bo
     config = cdc_config(
         postgres=postgres_section(pg, owned, [entry]), extra={"snapshot": {"mode": "initial"}}
     )
-    daemon = daemons(config)
-    wait_streaming(pg, daemon)
-    for statement in WORKLOAD:
-        pg.execute(statement)
+    daemon = stream_workload(pg, daemons, config, WORKLOAD)
     wait_caught_up(pg, daemon)
 
     topic = f"{pg.dbname}.public.orders"

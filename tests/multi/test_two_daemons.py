@@ -30,13 +30,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.cdc import PROJECT_ROOT, DaemonProcess, cdcd_argv, wait_for, write_config
+from support.cdc import PROJECT_ROOT, DaemonProcess, cdcd_argv, run_cdcd, wait_for, write_config
 from support.pg import PgDatabase
 
 from tests.schema_changes.helpers import (
@@ -79,8 +78,7 @@ def job_row(pg: PgDatabase, job_id: str) -> tuple[str, dict[str, object]] | None
 
 
 def check(config: Path) -> str:
-    result = subprocess.run([sys.executable, "-m", "cdcd", "check", "-c", str(config)],
-                            capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)
+    result = run_cdcd("check", "-c", str(config))
     return result.stdout + result.stderr
 
 
@@ -213,9 +211,10 @@ def test_two_daemons_heal_their_own_tables(
     shared = write_config(tmp_path / "shared.yaml", pg.dsn, bootstrap, prefix=pg.dbname,
                           slot=slots["b"], publication="cdcd_a", tables=["public.items_b"])
     out = check(shared)
-    assert re.search(rf"^FAIL daemons: publication cdcd_a is also used by the daemon of slot "
+    # (the same line as run's refusal below: check runs run's startup plan dry)
+    assert re.search(rf"^FAIL publication cdcd_a is used by the daemon of slot "
                      rf"{slots['a']}, which captures other tables \(public.items_a\).*"
-                     r"give each daemon its own postgres.publication", out, re.M), out
+                     r"give this daemon its own postgres.publication", out, re.M), out
     # ... and `cdcd run` refuses it before it could drop A's table from the publication.
     run = subprocess.run(cdcd_argv("run", "-c", str(shared)),
                          capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)

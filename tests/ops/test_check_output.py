@@ -10,19 +10,17 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from support.cdc import PROJECT_ROOT
+from support.cdc import run_cdcd
 from support.pg import PgDatabase
 
 
 def check(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cdcd", "check", "-c", str(config)],
-                          capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)
+    return run_cdcd("check", "-c", str(config))
 
 
 def test_kafka_down_gives_one_line_per_check(tmp_path: Path) -> None:

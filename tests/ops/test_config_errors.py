@@ -8,13 +8,11 @@ suggestion, not again as the missing key it stands for.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from support.cdc import PROJECT_ROOT
+from support.cdc import run_cdcd
 
 TWO_ERRORS = {
     "postgres": {"dsn": "host=127.0.0.1 port=1", "slot": "Bad-Slot"},
@@ -22,21 +20,16 @@ TWO_ERRORS = {
 }
 
 
-def cdcd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cdcd", *args], capture_output=True, text=True,
-                          timeout=60, cwd=PROJECT_ROOT)
-
-
 @pytest.mark.parametrize("debug", [[], ["--debug"]])
 def test_two_config_errors_are_both_shown(tmp_path: Path, debug: list[str]) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(TWO_ERRORS), encoding="utf-8")
-    run = cdcd("run", "-c", str(path), *debug)
+    run = run_cdcd("run", "-c", str(path), *debug, timeout_s=60)
     assert run.returncode == 2, run.stderr
     line = next(x for x in run.stderr.splitlines() if x.startswith("cdcd: error:"))
     assert "'postgres.slot'" in line and "'kafka.partitions'" in line, run.stderr
     assert "more error" not in line, line
-    check = cdcd("check", "-c", str(path), *debug)
+    check = run_cdcd("check", "-c", str(path), *debug, timeout_s=60)
     assert check.returncode == 2, check.stdout
     first = check.stdout.splitlines()[0]
     assert first.startswith("FAIL config") and "'postgres.slot'" in first, check.stdout
@@ -48,7 +41,7 @@ def test_a_typo_is_not_reported_again_as_missing(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"postgres": {"dsn": "host=127.0.0.1 port=1"},
                                     "kafka": {"bootstrap_server": "127.0.0.1:1"}}),
                     encoding="utf-8")
-    run = cdcd("run", "-c", str(path))
+    run = run_cdcd("run", "-c", str(path), timeout_s=60)
     line = run.stderr.splitlines()[0]
     assert "unknown key 'kafka.bootstrap_server' (did you mean 'bootstrap_servers'?)" in line
     assert "required" not in line, line

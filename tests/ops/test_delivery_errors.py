@@ -35,11 +35,11 @@ from support.pg import PgDatabase, current_wal_lsn
 
 from cdcd.ack.tracker import AckTracker
 from cdcd.errors import DefiniteError
-from cdcd.local import LocalBroker, free_port
 from cdcd.observability.metrics import Metrics
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink.producer import KafkaSink, build_producer_config
 from cdcd.sink.topics import TopicSpec, ensure_topics
+from cdcd.tools.local import LocalBroker, free_port
 
 _names = itertools.count(1)
 

@@ -27,7 +27,7 @@ from support.cdc import SchemaBook, table_topics, wait_for
 from support.kafka import consume_all
 from support.pg import current_wal_lsn
 
-from cdcd.local import free_port
+from cdcd.tools.local import free_port
 
 pytestmark = pytest.mark.integration
 

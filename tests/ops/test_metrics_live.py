@@ -42,7 +42,7 @@ from support.cdc import DaemonProcess, wait_for, write_config
 from support.pg import current_wal_lsn
 
 import cdcd
-from cdcd.local import LocalBroker, LocalPostgres, free_port
+from cdcd.tools.local import LocalBroker, LocalPostgres, free_port
 
 pytestmark = pytest.mark.integration
 

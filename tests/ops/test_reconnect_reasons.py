@@ -25,12 +25,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.cdc import wait_for
 
 from cdcd.errors import TransientError
-from cdcd.local import free_port
 from cdcd.observability.metrics import Metrics
 from cdcd.sink.producer import ProducerFatalError, classify_delivery_report
-from cdcd.source.database import query_failure
+from cdcd.source.connection import query_failure
 from cdcd.source.replication import classify_stream_error
 from cdcd.source.slot_holder import SlotInUseError
+from cdcd.tools.local import free_port
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
@@ -109,7 +109,7 @@ def _stream_failure(exc: psycopg2.Error) -> BaseException:
 
 def _query_failure(exc: psycopg2.Error) -> BaseException:
     """What ``SourceDatabase.query`` raises for ``exc``."""
-    return _raised(query_failure(exc, "SELECT 1"), by="cdcd.source.database", cause=exc)
+    return _raised(query_failure(exc, "SELECT 1"), by="cdcd.source.connection", cause=exc)
 
 
 REAL_ERRORS: list[tuple[str, BaseException, str]] = [

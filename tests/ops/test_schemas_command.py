@@ -9,13 +9,11 @@ which reads back as a different table (or none); it must be spelled the way
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, write_config
+from support.cdc import run_cdcd, write_config
 
 from cdcd.naming import parse_table
 
@@ -51,14 +49,7 @@ def test_schemas_quotes_table_names_that_need_it(pg, tmp_path: Path) -> None:
     config = write_config(
         tmp_path / "c.yaml", pg.dsn, "127.0.0.1:9", tables=list(spellings), prefix="shop"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "schemas", "-c", str(config)],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_cdcd("schemas", "-c", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     printed = {entry["table"] for entry in _documents(result.stdout)}
     assert printed == set(spellings), result.stdout

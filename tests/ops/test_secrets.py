@@ -20,12 +20,9 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 from urllib.parse import unquote
 
 import psycopg2
@@ -34,10 +31,11 @@ import pytest
 import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from support.cdc import PROJECT_ROOT, DaemonProcess, wait_for
+from support.cdc import DaemonProcess, run_cdcd, wait_for
 
 from cdcd.config.dsn import DsnSyntaxError, parse_keyword_dsn, redact_dsn_message
 from cdcd.config.model import CdcdConfig, expand_dsn, load_config, parse_config, redact_dsn
+from cdcd.config.secrets import reveal
 from cdcd.errors import ConfigError
 
 # ---------------------------------------------------------------------------- strategies
@@ -84,18 +82,9 @@ TEMPLATES = [
 ]
 
 
-@contextmanager
-def environment(**values: str) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def environment(**values: str) -> Any:
+    """``with environment(NAME=value):`` those variables set, then as they were."""
+    return mock.patch.dict(os.environ, values)
 
 
 # ---------------------------------------------------------------------------- expansion
@@ -149,7 +138,7 @@ def test_expansion_of_other_positions_and_fields(tmp_path: Path) -> None:
     }
     # Other fields keep plain substitution.
     assert config.kafka.bootstrap_servers == "k1:9092,k2:9092"
-    assert config.kafka.producer["sasl.password"] == secret
+    assert reveal(config.kafka.producer)["sasl.password"] == secret  # held as a SecretStr
 
 
 @pytest.mark.parametrize(
@@ -316,13 +305,6 @@ def test_redacted_masks_every_secret_and_keeps_the_rest() -> None:
     assert redacted["schema_registry"]["url"] == "https://***@registry:8081"
 
 
-def _cdcd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-        timeout=120, env={**os.environ, **(env or {})},
-    )
-
-
 def test_run_logs_the_redacted_configuration_once(tmp_path: Path) -> None:
     """One INFO line at startup with the JSON of ``redacted()``; here run then stops at the
     metrics address, which another socket holds, before connecting anywhere."""
@@ -338,7 +320,7 @@ def test_run_logs_the_redacted_configuration_once(tmp_path: Path) -> None:
                       "producer": {"sasl.password": "${PGPASSWORD}", "sasl.username": "alice"}},
             "metrics": {"listen": f"127.0.0.1:{port}"},
         }))
-        result = _cdcd("run", "-c", str(path), env={"PGPASSWORD": secret})
+        result = run_cdcd("run", "-c", str(path), env={"PGPASSWORD": secret})
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if " INFO cdcd.cli configuration " in line]
     assert len(lines) == 1, result.stderr
@@ -411,7 +393,7 @@ def test_check_and_run_authenticate_with_the_password_and_never_print_it(
     for index, template in enumerate(_templates(cluster)):
         config = _config(tmp_path / f"c{index}.yaml", template, broker, tables=["public.items"],
                          slot=f"secrets{index}", publication=f"secrets{index}")
-        check = _cdcd("check", "-c", str(config), env={VAR: PASSWORD})
+        check = run_cdcd("check", "-c", str(config), env={VAR: PASSWORD})
         output = check.stdout + check.stderr
         # Connected: the password reached the server intact.
         assert any(line.startswith("ok   postgres: connected") for line in check.stdout.splitlines()), output
@@ -439,10 +421,10 @@ def test_a_refused_password_is_exit_3_and_not_printed(
     wrong = PASSWORD.replace("Sesame0", "Sesame1")  # refused; its pieces must not print either
     for index, template in enumerate(_templates(scram_cluster)):
         config = _config(tmp_path / f"c{index}.yaml", template, broker)
-        run = _cdcd("run", "-c", str(config), env={VAR: wrong})
+        run = run_cdcd("run", "-c", str(config), env={VAR: wrong})
         assert run.returncode == 3, run.stderr
         assert "password authentication failed" in run.stderr, run.stderr
-        check = _cdcd("check", "-c", str(config), env={VAR: wrong})
+        check = run_cdcd("check", "-c", str(config), env={VAR: wrong})
         assert "FAIL postgres" in check.stdout, check.stdout
         for output in (run.stdout + run.stderr, check.stdout + check.stderr):
             _assert_no_piece(output)

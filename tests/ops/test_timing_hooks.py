@@ -20,8 +20,8 @@ from support.cdc import PROJECT_ROOT, TEST_HOOKS
 import cdcd
 from cdcd import daemon
 from cdcd.snapshot import incremental
-from cdcd.source import database
-from cdcd.spark import mirror
+from cdcd.source import slot_wait
+from cdcd.spark import faults
 
 PACKAGE = Path(cdcd.__file__).resolve().parent
 
@@ -38,9 +38,9 @@ def test_no_production_module_reads_a_test_variable() -> None:
 
 def test_production_values() -> None:
     assert daemon.STARTUP_RETRY_S == 30.0
-    assert database.SLOT_WAIT_LOG_INTERVAL_S == 5.0
+    assert slot_wait.SLOT_WAIT_LOG_INTERVAL_S == 5.0
     assert incremental.POLL_INTERVAL_S == 2.0
-    assert mirror.FAULT == ""
+    assert faults.FAULT == ""
 
 
 def test_every_suite_hook_names_an_existing_attribute() -> None:

@@ -9,9 +9,8 @@ carrying per-table event counts. cdcd's own heartbeats are never published.
 from __future__ import annotations
 
 import pytest
-from support.cdc import SchemaBook, wait_for
+from support.cdc import SchemaBook, wait_streaming, wait_wal_confirmed
 from support.kafka import consume_all
-from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 pytestmark = pytest.mark.integration
 
@@ -22,16 +21,14 @@ def test_messages_and_transaction_records(pg, broker, cdc_config, daemons) -> No
     daemon = daemons(cdc_config(tables=["public.a", "public.b"],
                                 kafka={"transaction_records": True}))
     slot = "cdcd_" + pg.dbname[:50]
-    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
-                                 (slot,)), what="streaming")
+    wait_streaming(pg, slot)
     cur = conn.cursor()
     cur.execute("BEGIN; INSERT INTO a VALUES (1), (2); INSERT INTO b VALUES (1); "
                 "SELECT pg_logical_emit_message(true, 'app.audit', 'in-txn'); COMMIT")
     cur.execute("SELECT pg_logical_emit_message(false, 'app.ping', '\\x00ff'::bytea)")
     cur.execute("BEGIN; SELECT pg_logical_emit_message(true, 'app.audit', 'rolled back'); ROLLBACK")
     cur.execute("INSERT INTO a VALUES (3)")
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
+    wait_wal_confirmed(conn, slot)
     assert daemon.terminate() == 0, daemon.log()
 
     prefix = pg.dbname

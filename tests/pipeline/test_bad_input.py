@@ -23,11 +23,12 @@ from support.cdc import (
     DaemonProcess,
     cdcd_argv,
     wait_for,
+    wait_streaming,
     write_config,
 )
 from support.pg import current_wal_lsn, lsn_to_int, slot_confirmed_flush_lsn
 
-from cdcd.local.postgres import free_port
+from cdcd.tools.local.postgres import free_port
 
 
 def _cdcd(*args: str, timeout: float = 120,
@@ -133,8 +134,7 @@ def test_row_over_message_max_bytes_stops_before_its_transaction(pg, broker, tmp
                           kafka={"producer": {"message.max.bytes": 100000}})
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     try:
-        wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                     "AND active", (slot,)), what="streaming")
+        wait_streaming(pg, slot)
         conn.cursor().execute("INSERT INTO big VALUES (1, 'small')")
         before_big = current_wal_lsn(conn)
         wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= before_big, what="small row confirmed")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from support.cdc import DaemonProcess, wait_for, write_config
+from support.cdc import DaemonProcess, wait_for, wait_streaming, write_config
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
-from cdcd.local.workload import orders_ddl
+from cdcd.tools.local.workload import orders_ddl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -65,8 +65,7 @@ def test_million_row_transaction(protocol_version: int, make_pg_cluster, broker,
                           postgres={"protocol_version": protocol_version, "spill_dir": str(tmp_path)})
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     try:
-        wait_for(lambda: cluster.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                         "AND active", (slot,), dbname="app"), what="streaming")
+        wait_streaming(cluster, slot)
         started = time.monotonic()
         conn.cursor().execute(INSERT, (ROWS,))
         if protocol_version == 2:

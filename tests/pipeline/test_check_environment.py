@@ -10,22 +10,16 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg2.extras
 import pytest
-from support.cdc import PROJECT_ROOT, SHORT_STARTUP_RETRY, wait_for, write_config
+from support.cdc import SHORT_STARTUP_RETRY, run_cdcd, wait_for, write_config
 from support.pg import create_publication, create_slot
 
 pytestmark = pytest.mark.integration
-
-
-def _cdcd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=120)
 
 
 def _line(stdout: str, start: str) -> str:
@@ -58,7 +52,7 @@ def test_check_and_run_name_the_other_consumer_of_the_slot(pg, broker, daemons, 
         wait_for(lambda: pg.fetchone("SELECT active_pid FROM pg_replication_slots "
                                      "WHERE slot_name = 'held'")[0] == pid,  # type: ignore[index]
                  timeout_s=30, what="the other consumer to hold the slot")
-        result = _cdcd("check", "-c", str(config))
+        result = run_cdcd("check", "-c", str(config))
         assert result.returncode == 1, result.stdout + result.stderr
         line = _line(result.stdout, "FAIL slot held")
         for expected in (f"active for PID {pid}", "application_name 'other-consumer'",
@@ -90,7 +84,7 @@ def test_check_fails_with_exit_2_on_a_metrics_address_it_cannot_bind(pg, broker,
         port = busy.getsockname()[1]
         config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers,
                               tables=["public.t"], extra={"metrics": {"listen": f"127.0.0.1:{port}"}})
-        result = _cdcd("check", "-c", str(config))
+        result = run_cdcd("check", "-c", str(config))
         assert result.returncode == 2, result.stdout + result.stderr
         line = _line(result.stdout, f"FAIL metrics.listen 127.0.0.1:{port}")
         assert "in use" in line and "choose a free local address for metrics.listen" in line, line
@@ -98,7 +92,7 @@ def test_check_fails_with_exit_2_on_a_metrics_address_it_cannot_bind(pg, broker,
     # 192.0.2.1 (TEST-NET-1) is no address of this host.
     config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers,
                           tables=["public.t"], extra={"metrics": {"listen": "192.0.2.1:9187"}})
-    result = _cdcd("check", "-c", str(config))
+    result = run_cdcd("check", "-c", str(config))
     assert result.returncode == 2, result.stdout + result.stderr
     line = _line(result.stdout, "FAIL metrics.listen 192.0.2.1:9187")
     assert "not an address of this host" in line, line
@@ -108,7 +102,7 @@ def test_check_fails_with_exit_2_on_a_metrics_address_it_cannot_bind(pg, broker,
         port = probe.getsockname()[1]
     config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers,
                           tables=["public.t"], extra={"metrics": {"listen": f"127.0.0.1:{port}"}})
-    result = _cdcd("check", "-c", str(config))
+    result = run_cdcd("check", "-c", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     assert _line(result.stdout, f"ok   metrics.listen 127.0.0.1:{port}: free")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as again:
@@ -125,7 +119,7 @@ def test_check_says_what_becomes_of_the_signal_table(pg, broker, tmp_path: Path)
         config = write_config(tmp_path / "c.yaml", dsn or pg.dsn, broker.bootstrap_servers,
                               tables=["public.t"], extra={"snapshot": {"mode": mode},
                                                           "schema_changes": {"resnapshot": resnapshot}})
-        return _cdcd("check", "-c", str(config))
+        return run_cdcd("check", "-c", str(config))
 
     # Streaming only: nothing will be created.
     result = check("never")
@@ -196,6 +190,6 @@ def test_check_passes_while_nothing_holds_the_slot(pg, broker, tmp_path: Path) -
     create_slot(conn, "idle")
     config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers, slot="idle",
                           tables=["public.t"])
-    result = _cdcd("check", "-c", str(config))
+    result = run_cdcd("check", "-c", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "inactive" in _line(result.stdout, "ok   slot idle:")

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.cdc import PROJECT_ROOT, write_config
+from support.cdc import run_cdcd, write_config
 
 pytestmark = pytest.mark.integration
-
-
-def _cdcd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=120)
 
 
 def test_check_passes_and_hides_the_password(pg, broker, tmp_path: Path) -> None:
@@ -23,7 +16,7 @@ def test_check_passes_and_hides_the_password(pg, broker, tmp_path: Path) -> None
     pg.execute("ALTER TABLE b REPLICA IDENTITY FULL")
     config = write_config(tmp_path / "c.yaml", pg.dsn + " password=s3cret", broker.bootstrap_servers,
                           tables=["public.a", "public.b"])
-    result = _cdcd("check", "-c", str(config))
+    result = run_cdcd("check", "-c", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert all(line.startswith("ok") for line in lines), result.stdout
@@ -37,7 +30,7 @@ def test_check_fails_for_a_table_without_identity(pg, broker, tmp_path: Path) ->
     pg.execute("CREATE TABLE nokey(v text)")
     config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers,
                           tables=["public.nokey"])
-    result = _cdcd("check", "-c", str(config))
+    result = run_cdcd("check", "-c", str(config))
     assert result.returncode == 2  # a configuration mistake: run refuses the table (exit 2)
     assert any(line.startswith("FAIL table public.nokey") and "REPLICA IDENTITY FULL" in line
                for line in result.stdout.splitlines()), result.stdout
@@ -48,7 +41,7 @@ def test_schemas_prints_key_and_value_per_table(pg, broker, tmp_path: Path) -> N
                "created_at timestamptz, tags text[])")
     config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers,
                           tables=["public.orders"], prefix="shop")
-    result = _cdcd("schemas", "-c", str(config))
+    result = run_cdcd("schemas", "-c", str(config))
     assert result.returncode == 0, result.stderr
     entry = json.loads(result.stdout)
     assert entry["topic"] == "shop.public.orders"

@@ -28,8 +28,8 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from support.cdc import read_changes, replay, wait_for
-from support.pg import current_wal_lsn, lsn_to_int, slot_confirmed_flush_lsn
+from support.cdc import read_changes, replay, wait_streaming, wait_wal_confirmed
+from support.pg import lsn_to_int, slot_confirmed_flush_lsn
 from support.workload import ABORTED, KEYS, UNDONE, Workload, table_rows
 
 pytestmark = pytest.mark.integration
@@ -84,8 +84,7 @@ def test_kill9_loop_loses_nothing_and_duplicates_exactly(pg, broker, cdc_config,
 
     rng = random.Random(11)
     daemon = daemons(config)
-    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
-                                 (slot,)), what="first daemon streaming")
+    wait_streaming(pg, slot)
     writer = threading.Thread(target=write, daemon=True)
     sampler = threading.Thread(target=sample, daemon=True)
     writer.start()
@@ -101,9 +100,7 @@ def test_kill9_loop_loses_nothing_and_duplicates_exactly(pg, broker, cdc_config,
     writer.join(30)
     sampler.join(30)
     assert workload.committed > 100 and workload.aborted > 0
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,
-             what="the last daemon to catch up")
+    wait_wal_confirmed(conn, slot, timeout_s=120)
     assert daemon.terminate() == 0, daemon.log()
 
     confirmed_values = [value for _, value in samples]

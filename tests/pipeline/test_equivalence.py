@@ -14,8 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from support.cdc import read_changes, replay, wait_for
-from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
+from support.cdc import read_changes, replay, wait_streaming, wait_wal_confirmed
 from support.workload import ABORTED, KEYS, UNDONE, Workload, table_rows
 
 pytestmark = pytest.mark.integration
@@ -33,13 +32,10 @@ def test_random_workload_replays_to_identical_tables(pg, broker, cdc_config, dae
     config = cdc_config(tables=["public.accounts", "public.items", "public.ledger"])
     daemon = daemons(config)
     slot = "cdcd_" + pg.dbname[:50]
-    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                 "AND active", (slot,)), what="daemon to start streaming")
+    wait_streaming(pg, slot)
 
     workload.run(conn, transactions=400, truncate_at=150)
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=90,
-             what="confirmation of the whole workload")
+    wait_wal_confirmed(conn, slot, timeout_s=90)
     assert daemon.terminate() == 0, daemon.log()
 
     prefix = pg.dbname

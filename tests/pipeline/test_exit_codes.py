@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support.cdc import PROJECT_ROOT, write_config
-
-
-def _cdcd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-        timeout=120,
-    )
+from support.cdc import run_cdcd, write_config
 
 
 def _config(tmp_path: Path, **sections: Any) -> Path:
@@ -43,10 +35,10 @@ def _error_line(result: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.parametrize("listen", ["0.0.0.0:99999", "127.0.0.1:65536", "::1:9187", "9187"])
 def test_an_invalid_metrics_address_is_exit_2_from_run_and_check(tmp_path: Path, listen: str) -> None:
     config = _config(tmp_path, metrics={"listen": listen})
-    run = _cdcd("run", "-c", str(config))
+    run = run_cdcd("run", "-c", str(config))
     assert run.returncode == 2, run.stderr
     assert "metrics.listen" in _error_line(run)
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert check.returncode == 2, check.stdout + check.stderr
     first = check.stdout.splitlines()[0]
     assert first.startswith("FAIL config") and "metrics.listen" in first, check.stdout
@@ -57,7 +49,7 @@ def test_a_metrics_address_in_use_is_exit_2_from_run(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         listen = f"127.0.0.1:{holder.getsockname()[1]}"
-        run = _cdcd("run", "-c", str(_config(tmp_path, metrics={"listen": listen})))
+        run = run_cdcd("run", "-c", str(_config(tmp_path, metrics={"listen": listen})))
     assert run.returncode == 2, run.stderr
     line = _error_line(run)
     assert f"metrics.listen {listen}" in line and "Address already in use" in line, line
@@ -85,11 +77,11 @@ def test_a_typo_reports_the_unknown_key_first_with_a_suggestion(
 ) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    run = _cdcd("run", "-c", str(path))
+    run = run_cdcd("run", "-c", str(path))
     assert run.returncode == 2, run.stderr
     first = run.stderr.splitlines()[0]
     assert first.startswith("cdcd: error:") and expected in first, run.stderr
-    check = _cdcd("check", "-c", str(path))
+    check = run_cdcd("check", "-c", str(path))
     assert check.returncode == 2, check.stdout
     first = check.stdout.splitlines()[0]
     assert first.startswith("FAIL config") and expected in first, check.stdout
@@ -103,6 +95,6 @@ def test_a_slot_with_another_plugin_is_exit_3(pg: Any, broker: Any, tmp_path: Pa
     pg.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'test_decoding')")
     config = write_config(tmp_path / "c.yaml", pg.dsn, broker.bootstrap_servers, slot=slot,
                           prefix=pg.dbname, tables=["public.t"])
-    run = _cdcd("run", "-c", str(config))
+    run = run_cdcd("run", "-c", str(config))
     assert run.returncode == 3, run.stderr
     assert f"slot {slot} uses plugin test_decoding" in _error_line(run)

@@ -18,7 +18,6 @@ No database, no broker: the publisher and assembler are driven with the SPEC
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,42 +36,14 @@ from cdcd.protocol import Lsn, PgOutputDecoder
 from cdcd.sink.producer import KafkaSink, build_producer_config, classify_delivery_report
 from cdcd.sink.reporter import KafkaLogReporter
 from tests.bench.orders_golden import orders_payloads
+from tests.support.recording_sink import RecordingSink, Sent
 
 TOPIC = "app.public.orders"
-Sent = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]], Callable[[Any, Any], None]]
 
 
 class _Wire:
     def header(self, topic: str, role: str, schema: dict[str, object]) -> bytes:
         return b"\xc3\x01" + b"\x00" * 8
-
-
-class _Sink:
-    """``produce`` records; so does ``produce_direct`` (if ``direct``), or it raises ``raises``."""
-
-    def __init__(self, direct: bool, raises: BaseException | None = None) -> None:
-        self.sent: list[Sent] = []
-        self.direct: list[Sent] = []
-        self._raises = raises
-        if direct:
-            self.produce_direct = self._produce_direct
-
-    def produce(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]],
-        on_delivery: Callable[[Any, Any], None],
-    ) -> None:
-        self.sent.append((topic, key, value, headers, on_delivery))
-
-    def _produce_direct(self, *args: Any) -> None:
-        topic, value, key, partition, on_delivery, callback, timestamp, headers = args
-        assert (partition, callback, timestamp) == (-1, None, 0)
-        if self._raises is not None:
-            raise self._raises
-        self.direct.append((topic, key, value, headers, on_delivery))
 
 
 def _insert(note: bytes) -> bytes:
@@ -101,7 +72,9 @@ def _transaction(rows: int, xid: int = 7, inserts: list[bytes] | None = None) ->
     ]
 
 
-def _publish(sink: Any, payloads: list[bytes]) -> AckTracker:
+def _publish(sink: Any, payloads: list[bytes], relations: bool = True) -> AckTracker:
+    """``payloads`` through decoder, assembler and publisher into ``sink``; first the
+    Relation messages of ``orders`` unless not ``relations``."""
     tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     publisher = Publisher(
         sink,
@@ -115,7 +88,7 @@ def _publish(sink: Any, payloads: list[bytes]) -> AckTracker:
         RelationCache(StaticCatalog(), key_lookup=lambda s, t: ("id",)), publisher
     )
     decoder = PgOutputDecoder(1)
-    for payload in orders_payloads()[0] + payloads:
+    for payload in (orders_payloads()[0] if relations else []) + payloads:
         assembler.feed(decoder.decode(payload), payload)
     return tracker
 
@@ -136,7 +109,7 @@ def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("fixed_clock")
 def test_inserts_take_the_direct_produce_with_the_same_message() -> None:
-    plain, direct = _Sink(direct=False), _Sink(direct=True)
+    plain, direct = RecordingSink(direct=False), RecordingSink(direct=True)
     _publish(plain, _transaction(5))
     _publish(direct, _transaction(5))
     assert direct.sent == [] and len(direct.direct) == 5
@@ -149,7 +122,7 @@ def test_inserts_take_the_direct_produce_with_the_same_message() -> None:
 @pytest.mark.usefixtures("fixed_clock")
 @pytest.mark.parametrize("error", [BufferError("queue full"), KafkaException(KafkaError(-184))])
 def test_what_the_direct_produce_raises_goes_to_produce_once(error: BaseException) -> None:
-    plain, failing = _Sink(direct=False), _Sink(direct=True, raises=error)
+    plain, failing = RecordingSink(direct=False), RecordingSink(direct=True, raises=error)
     _publish(plain, _transaction(3))
     tracker = _publish(failing, _transaction(3))
     assert failing.direct == []
@@ -212,20 +185,6 @@ def test_latency_observed_in_batches_equals_one_observation_each() -> None:
 
 
 def test_a_row_of_an_unknown_relation_is_still_refused() -> None:
-    sink = _Sink(direct=True)
+    sink = RecordingSink(direct=True)
     with pytest.raises(DefiniteError, match="arrived before its Relation message"):
-        tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
-        publisher = Publisher(
-            sink,  # type: ignore[arg-type]
-            tracker,
-            EnvelopeEncoder("app", "app", _Wire()),
-            _Wire(),  # type: ignore[arg-type]
-            include=lambda s, t: True,
-            ensure_topic=lambda topic: None,
-        )
-        assembler = TransactionAssembler(
-            RelationCache(StaticCatalog(), key_lookup=lambda s, t: ("id",)), publisher
-        )
-        decoder = PgOutputDecoder(1)
-        for payload in _transaction(1):  # no Relation message first
-            assembler.feed(decoder.decode(payload), payload)
+        _publish(sink, _transaction(1), relations=False)

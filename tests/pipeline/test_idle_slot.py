@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.cdc import wait_for
+from support.cdc import wait_streaming
 from support.pg import slot_confirmed_flush_lsn
 
 pytestmark = pytest.mark.integration
@@ -25,8 +25,7 @@ def test_confirmed_flush_advances_without_captured_changes(
     daemon = daemons(cdc_config(tables=["public.captured"],
                                 extra={"heartbeat": {"interval_s": heartbeat_s}}))
     slot = "cdcd_" + pg.dbname[:50]
-    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
-                                 (slot,)), what="streaming")
+    wait_streaming(pg, slot)
     other_db = f"{pg.dbname}_other"[:60]
     pg_cluster.create_database(other_db)
     try:

@@ -24,7 +24,15 @@ from typing import Any
 
 import psycopg2
 import pytest
-from support.cdc import DaemonProcess, read_changes, replay, wait_for, write_config
+from support.cdc import (
+    DaemonProcess,
+    read_changes,
+    replay,
+    wait_for,
+    wait_streaming,
+    wait_wal_confirmed,
+    write_config,
+)
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 from support.workload import KEYS, Workload, table_rows
 
@@ -100,8 +108,7 @@ def test_frozen_broker_outlasting_request_timeouts(pg, make_broker, tmp_path: Pa
                           kafka={"producer": {"request.timeout.ms": REQUEST_TIMEOUT_MS}})
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     try:
-        wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                     "AND active", (slot,)), what="streaming")
+        wait_streaming(pg, slot)
         with _Writer(pg.connect, workload):
             _wait_delivered_under_load(conn, slot, workload, "before the freeze")
             broker.freeze()
@@ -122,9 +129,7 @@ def test_frozen_broker_outlasting_request_timeouts(pg, make_broker, tmp_path: Pa
             _wait_delivered_under_load(conn, slot, workload, "after the thaw")
         assert max(during) <= frozen_at, "confirmed past what could have been delivered"
         assert daemon.alive(), "the daemon should ride out a broker outage: " + daemon.log()[-2000:]
-        target = current_wal_lsn(conn)
-        wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,
-                 what="catch-up after the outage")
+        wait_wal_confirmed(conn, slot, timeout_s=120)
         assert daemon.terminate() == 0, daemon.log()
         _assert_replay_equals_tables(conn, broker.bootstrap_servers, pg.dbname)
     finally:
@@ -143,8 +148,7 @@ def test_postgres_immediate_restart(make_pg_cluster, broker, tmp_path: Path) -> 
                           prefix="restart", slot=slot, tables=TABLES)
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     try:
-        wait_for(lambda: cluster.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                         "AND active", (slot,), dbname="app"), what="streaming")
+        wait_streaming(cluster, slot)
         with _Writer(lambda: cluster.connect("app"), workload):
             _wait_delivered_under_load(conn, slot, workload, "before the restart")
             conn.close()
@@ -152,9 +156,7 @@ def test_postgres_immediate_restart(make_pg_cluster, broker, tmp_path: Path) -> 
             conn = cluster.connect("app")
             _wait_delivered_under_load(conn, slot, workload, "after the restart")
         assert daemon.alive(), daemon.log()[-2000:]
-        target = current_wal_lsn(conn)
-        wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,
-                 what="catch-up after the restart")
+        wait_wal_confirmed(conn, slot, timeout_s=120)
         assert daemon.terminate() == 0, daemon.log()
         assert "reconnecting" in daemon.log()
         _assert_replay_equals_tables(conn, broker.bootstrap_servers, "restart")

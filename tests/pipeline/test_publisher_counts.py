@@ -41,33 +41,10 @@ from cdcd.protocol.messages import (
 )
 from cdcd.sink.producer import classify_delivery_report
 from cdcd.snapshot.progress import TableProgress
+from tests.support.recording_sink import RecordingSink
 
 INT4, TEXT = 23, 25
 OPS = ("c", "u", "d", "r", "t")
-
-
-class _Producer:
-    """Records every produced message; the stream's tickets are acked on ``deliver()``."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, bytes | None, bytes | None]] = []
-        self._callbacks: list[Callable[[Any, Any], None]] = []
-
-    def produce(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]],
-        on_delivery: Callable[[Any, Any], None],
-    ) -> None:
-        self.messages.append((topic, key, value))
-        self._callbacks.append(on_delivery)
-
-    def deliver(self) -> None:
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(None, None)
 
 
 class _Rig:
@@ -75,7 +52,7 @@ class _Rig:
 
     def __init__(self, transaction_records: bool = False) -> None:
         self.schemas: dict[str, Any] = {}
-        self.producer = _Producer()
+        self.producer = RecordingSink()
         self.metrics = Metrics(process_collectors=False)
         self.tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
         wire = SingleObjectFormat(self._schema)
@@ -175,7 +152,7 @@ class _Rig:
     def produced(self) -> Counter[tuple[str, str]]:
         """Envelopes produced so far by (table, op), decoded as a consumer would."""
         found: Counter[tuple[str, str]] = Counter()
-        for topic, _key, value in self.producer.messages:
+        for topic, _key, value, _headers, _ack in self.producer.sent:
             if not topic.startswith("pg.public.") or value is None:
                 continue  # a transaction record, or a tombstone: not an event
             envelope = self.decode(value)
@@ -187,7 +164,7 @@ class _Rig:
         """Each END record counts its transaction's changes per table; returns how many ENDs."""
         ends = 0
         changes: Counter[str] = Counter()
-        for topic, _key, value in self.producer.messages:
+        for topic, _key, value, _headers, _ack in self.producer.sent:
             assert value is not None or topic.startswith("pg.public.")
             if topic == "pg.transaction" and value is not None:
                 record = self.decode(value)

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import itertools
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.cdc import PROJECT_ROOT, read_changes, wait_for, write_config
+from support.cdc import read_changes, run_cdcd, wait_for, write_config
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 from cdcd.errors import DefiniteError
@@ -57,16 +56,6 @@ REFUSED = {
 }
 
 _ids = itertools.count(1)
-
-
-def _cdcd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdcd", *args],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -154,7 +143,7 @@ def test_accepted_states_and_the_opt_in_keep_the_applications_writes_working(
     tables = [f"public.{name}" for name in ACCEPTED]
     config = cdc_config(tables=[*tables, {"name": "public.opted", "replica_identity": "full"}])
 
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert check.returncode == 0, check.stdout + check.stderr
     assert (
         "ok   table public.opted: no primary key; will be set to REPLICA IDENTITY FULL "
@@ -194,7 +183,7 @@ def test_table_without_identity_is_refused_before_the_publication_is_touched(
     config = cdc_config(tables=["public.with_pk", f"public.{state}"])
 
     # No publication yet: cdcd would create it -- refused, nothing created.
-    run = _cdcd("run", "-c", str(config))
+    run = run_cdcd("run", "-c", str(config))
     assert run.returncode == 2, run.stderr
     line = _error_line(run)
     assert line.startswith(f"table public.{state} ({reason}) has no replica identity"), line
@@ -210,14 +199,14 @@ def test_table_without_identity_is_refused_before_the_publication_is_touched(
 
     # A publication exists: cdcd would ALTER ... ADD TABLE -- refused, unchanged.
     pg.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE with_pk")
-    run = _cdcd("run", "-c", str(config))
+    run = run_cdcd("run", "-c", str(config))
     assert run.returncode == 2, run.stderr
     assert _error_line(run) == line
     assert _published(pg) == {"public.with_pk"}
     _application_writes(pg, state)
 
     # check says the same, and exits 2 as run does.
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert check.returncode == 2, check.stdout + check.stderr
     assert f"FAIL {line}" in check.stdout.splitlines(), check.stdout
     assert "ok   table public.with_pk: primary key (id)" in check.stdout.splitlines()
@@ -235,7 +224,7 @@ def test_table_removed_from_the_config_leaves_the_owned_publication(
     assert _published(pg) == {"public.with_pk", "public.removed"}
 
     config = cdc_config(tables=["public.with_pk"])
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert check.returncode == 0, check.stdout + check.stderr
     assert (
         f"ok   publication {PUBLICATION}: public.removed no longer in postgres.tables, "
@@ -267,7 +256,7 @@ def test_insert_only_publication_of_the_operator_accepts_a_keyless_table(
         "WITH (publish = 'insert, truncate')"
     )
     config = cdc_config(tables=["public.events"])
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert check.returncode == 0, check.stdout + check.stderr
     assert any(
         line.startswith("ok   table public.events: no primary key; harmless")
@@ -296,7 +285,7 @@ def test_for_all_tables_is_refused_when_a_table_has_no_identity(
     pg.execute(ACCEPTED["with_pk"])
     pg.execute(REFUSED["no_key"][0])
     config = cdc_config()  # no tables: cdcd would create the publication FOR ALL TABLES
-    run = _cdcd("run", "-c", str(config))
+    run = run_cdcd("run", "-c", str(config))
     assert run.returncode == 2, run.stderr
     line = _error_line(run)
     assert line.startswith(
@@ -308,7 +297,7 @@ def test_for_all_tables_is_refused_when_a_table_has_no_identity(
     assert not _publication_exists(pg)
     _application_writes(pg, "no_key")
 
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert check.returncode == 2, check.stdout + check.stderr
     assert f"FAIL {line}" in check.stdout.splitlines(), check.stdout
 
@@ -316,12 +305,12 @@ def test_for_all_tables_is_refused_when_a_table_has_no_identity(
 def test_table_that_does_not_exist_is_a_configuration_error(pg, broker, cdc_config) -> None:
     pg.execute(ACCEPTED["with_pk"])
     config = cdc_config(tables=["public.with_pk", "public.nope"])
-    run = _cdcd("run", "-c", str(config))
+    run = run_cdcd("run", "-c", str(config))
     assert run.returncode == 2, run.stderr
     line = _error_line(run)
     assert line == "table public.nope does not exist; create it or remove it from postgres.tables"
     assert not _publication_exists(pg)
-    check = _cdcd("check", "-c", str(config))
+    check = run_cdcd("check", "-c", str(config))
     assert check.returncode == 2, check.stdout + check.stderr
     assert f"FAIL {line}" in check.stdout.splitlines(), check.stdout
 
@@ -342,7 +331,7 @@ def test_opt_in_without_the_right_to_alter_the_table_names_the_grant(
             slot="cdcd_" + pg.dbname[:50],
             tables=[{"name": "public.opted", "replica_identity": "full"}],
         )
-        run = _cdcd("run", "-c", str(config))
+        run = run_cdcd("run", "-c", str(config))
         assert run.returncode == DefiniteError.exit_code, run.stderr
         line = _error_line(run)
         assert line.startswith(

@@ -23,7 +23,9 @@ from cdcd.decode.relations import ColumnDefault, RelationCache, TableVersion
 from cdcd.decode.types import StaticCatalog
 from cdcd.envelope.encoder import OP_CREATE, TableEncoder, make_stamp
 from cdcd.envelope.schemas import envelope_schema
-from cdcd.pipeline.schema_changes import (
+from cdcd.pipeline.schema_changes.catalog import _element_text, _missing_default
+from cdcd.pipeline.schema_changes.classify import annotate, classify
+from cdcd.pipeline.schema_changes.state import (
     ADD_DEFAULT,
     ADD_NULL,
     ADD_REWRITE,
@@ -37,10 +39,6 @@ from cdcd.pipeline.schema_changes import (
     CatalogColumn,
     CatalogTable,
     TableState,
-    _element_text,
-    _missing_default,
-    annotate,
-    classify,
 )
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import (

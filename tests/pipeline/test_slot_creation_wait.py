@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import DaemonProcess, read_changes, wait_for
+from support.cdc import DaemonProcess, read_changes, wait_for, wait_streaming
 
 from cdcd.source.database import SourceDatabase
 
 pytestmark = pytest.mark.integration
 
 #: The daemons here report what the creation waits for every second, not every
-#: 5 s (cdcd.source.database.SLOT_WAIT_LOG_INTERVAL_ENV, a test hook): the
+#: 5 s (cdcd.source.slot_wait.SLOT_WAIT_LOG_INTERVAL_S, a test hook): the
 #: first report, which each test waits for, comes 4 s sooner. The in-process
 #: test below keeps the production interval (it counts the beats before it).
-FAST_REPORTS = {"cdcd.source.database.SLOT_WAIT_LOG_INTERVAL_S": 1.0}
+FAST_REPORTS = {"cdcd.source.slot_wait.SLOT_WAIT_LOG_INTERVAL_S": 1.0}
 
 MODES = pytest.mark.parametrize(
     "snapshot_mode", ["never", "initial"], ids=["sql-function", "exported-snapshot"]
@@ -138,9 +138,7 @@ def test_slot_creation_names_the_open_transaction_then_streams(
         # Only a write after the slot exists is sure to be streamed: one that
         # begins while the creation is still finishing may land before the
         # slot's consistent point (seen as an empty topic, now and then).
-        wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots "
-                                     "WHERE slot_name = %s AND active", (slot,)),
-                 timeout_s=60, what="the slot to be created and streamed from")
+        wait_streaming(pg, slot, timeout_s=60)
         pg.execute("INSERT INTO t VALUES (2, 'after')")
         expected = 2 if snapshot_mode == "initial" else 1  # the held row is in the snapshot
         changes = read_changes(

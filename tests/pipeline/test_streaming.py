@@ -18,8 +18,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support.cdc import DaemonProcess, read_changes, wait_for, write_config
-from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
+from support.cdc import (
+    DaemonProcess,
+    read_changes,
+    wait_for,
+    wait_streaming,
+    wait_wal_confirmed,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,8 +72,7 @@ def test_streamed_commit_abort_and_subtransaction_abort(make_pg_cluster, broker,
     )
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     try:
-        wait_for(lambda: cluster.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                         "AND active", (slot,), dbname="app"), what="streaming")
+        wait_streaming(cluster, slot)
         big = cluster.connect("app")
         big.autocommit = False
         cur = big.cursor()
@@ -94,8 +99,7 @@ def test_streamed_commit_abort_and_subtransaction_abort(make_pg_cluster, broker,
                  what="the transaction that will abort to spill")
         big.rollback()
         conn.cursor().execute("INSERT INTO t VALUES (-2, 'last', '')")
-        target = current_wal_lsn(conn)
-        wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120, what="catch-up")
+        wait_wal_confirmed(conn, slot, timeout_s=120)
         wait_for(lambda: _spilled_bytes(daemon) == 0, timeout_s=60, what="the aborted spill released")
         assert _spill_files(daemon, spill_dir) == [], "a spill file is still open"
         assert daemon.terminate() == 0, daemon.log()

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from support.cdc import wait_for
-from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
+from support.cdc import wait_for, wait_wal_confirmed
 
 from cdcd.config.model import KafkaConfig
 from cdcd.naming import message_topic, schemas_topic, transaction_topic
@@ -56,8 +55,7 @@ def test_tables_named_like_auxiliary_topics_get_kafka_partitions(
     cur = conn.cursor()
     cur.execute('INSERT INTO "transaction" VALUES (1); INSERT INTO message VALUES (1)')
     cur.execute("SELECT pg_logical_emit_message(false, 'app', 'x')")
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
+    wait_wal_confirmed(conn, slot)
     assert daemon.terminate() == 0, daemon.log()
 
     prefix = pg.dbname

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from support.cdc import read_changes, wait_for
+from support.cdc import read_changes, wait_for, wait_wal_confirmed
 from support.kafka import consume_all
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
@@ -58,8 +58,7 @@ def test_prepared_transactions_publish_once_at_commit_prepared(pg, broker, cdc_c
     cur.execute("BEGIN; INSERT INTO t VALUES (2, 'prepared-then-rolled-back'); PREPARE TRANSACTION 'g2'")
     cur.execute("ROLLBACK PREPARED 'g2'")
     conn.cursor().execute("INSERT INTO t VALUES (3, 'after')")
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, what="confirmation")
+    wait_wal_confirmed(conn, slot)
     assert daemon.terminate() == 0, daemon.log()
 
     changes = read_changes(broker.bootstrap_servers, pg.dbname, [topic])

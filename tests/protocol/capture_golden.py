@@ -43,8 +43,8 @@ from typing import Any
 
 import psycopg2.extensions
 
-from cdcd.local.postgres import LocalPostgres
-from cdcd.local.workload import orders_ddl
+from cdcd.tools.local.postgres import LocalPostgres
+from cdcd.tools.local.workload import orders_ddl
 
 # ``tests/support`` is imported as ``support.*`` (``tests/conftest.py`` puts
 # ``tests/`` on sys.path); do the same when this runs as a script.

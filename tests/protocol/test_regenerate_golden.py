@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cdcd.local.postgres import LocalPostgres
+from cdcd.tools.local.postgres import LocalPostgres
 
 from .capture_golden import CLUSTER_SETTINGS, SCENARIOS
 from .capture_golden import capture_all as run_capture

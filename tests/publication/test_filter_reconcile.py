@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import cdcd_argv
+from support.cdc import cdcd_argv, run_cdcd
 from support.pg import PgDatabase
 
 from cdcd.config.model import PostgresConfig
-from cdcd.source.database import OWNED_PUBLICATION_COMMENT, SourceDatabase
+from cdcd.source.database import SourceDatabase
+from cdcd.source.publication_plan import OWNED_PUBLICATION_COMMENT
 
 pytestmark = pytest.mark.integration
 
@@ -134,10 +134,7 @@ def test_a_publication_cdcd_does_not_own_is_refused_when_it_differs(
     )
     assert run.returncode == 3, run.stderr
     assert f"cdcd: error: {line}" in run.stderr.splitlines()
-    check = subprocess.run(
-        [sys.executable, "-m", "cdcd", "check", "-c", str(config)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
+    check = run_cdcd("check", "-c", str(config))
     assert f"FAIL {line}" in check.stdout.splitlines(), check.stdout
     assert check.returncode == 1
     # Nothing was changed, and no slot made.

@@ -18,7 +18,7 @@ from support.cdc import cdcd_argv, write_config
 from support.pg import PgDatabase
 
 from cdcd.cli import main
-from cdcd.local import LocalBroker
+from cdcd.tools.local import LocalBroker
 
 pytestmark = pytest.mark.integration
 

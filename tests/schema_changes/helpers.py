@@ -43,8 +43,16 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from support.cdc import PROJECT_ROOT, DaemonProcess, read_resolved_changes, replay, wait_for
-from support.pg import PgDatabase, current_wal_lsn, int_to_lsn, slot_confirmed_flush_lsn
+from support.cdc import (
+    PROJECT_ROOT,
+    DaemonProcess,
+    read_resolved_changes,
+    replay,
+    wait_for,
+    wait_streaming,
+    wait_wal_confirmed,
+)
+from support.pg import PgDatabase
 
 TABLE = "items"
 QUALIFIED = f"public.{TABLE}"
@@ -213,14 +221,16 @@ class Scenario:
         return workload
 
     def ddl_under_load(self, statements: list[str], before: int = 20, after: int = 20,
-                       seed: int = 1) -> Workload:
+                       seed: int = 1, rewrites: bool | None = None) -> Workload:
         """Writer on; ``before`` transactions; the DDL; ``after`` more; writer off.
 
         Before the first statement and after each one the writer commits a
         few transactions and the daemon confirms them, so each version reaches
         the daemon while the catalog still describes it (no "another DDL
-        happened since" guess).
+        happened since" guess). ``rewrites`` (when not None) is the test's
+        premise, asserted: the statements give the table a new file, or not.
         """
+        files = self.relfilenode()
         workload = self.writer(seed)
         workload.wait_more(before)
         # The first DDL too: the table's version before it must have reached
@@ -232,6 +242,9 @@ class Scenario:
             wait_confirmed(self.pg, self.slot, self.daemon)
         workload.wait_more(after)
         workload.finish()
+        if rewrites is not None:
+            assert (self.relfilenode() != files) == rewrites, (
+                f"premise: {statements} {'rewrite' if rewrites else 'do not rewrite'} the table")
         return workload
 
     def kill9(self) -> None:
@@ -250,6 +263,11 @@ class Scenario:
         self.history.append(self.daemon)
         wait_streaming(self.pg, self.slot, self.daemon)
         return self.daemon
+
+    def crash(self) -> DaemonProcess:
+        """:meth:`kill9`, then :meth:`restart`: a crash the supervisor recovers from."""
+        self.kill9()
+        return self.restart()
 
     def settle(self, heal: bool) -> list[str]:
         """Wait for the daemon to confirm everything written and for its jobs on the
@@ -287,30 +305,19 @@ class Scenario:
         """Differences between PostgreSQL and the replayed topic (empty: equal)."""
         return kafka_differences(self.pg, self.bootstrap, self.prefix, table, key)
 
-
-def wait_streaming(pg: PgDatabase, slot: str, daemon: DaemonProcess) -> None:
-    def streaming() -> bool:
-        if not daemon.alive():
-            raise AssertionError(f"the daemon exited ({daemon.proc.returncode}) before streaming:\n"
-                                 + tail(daemon.log()))
-        return bool(pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                "AND active", (slot,)))
-
-    wait_for(streaming, timeout_s=60, what="the daemon to stream")
+    def outcome(self, heal: bool, kinds: list[str]) -> tuple[list[str], str]:
+        """:meth:`settle`, then what is wrong: the replayed topic against the table
+        (:meth:`compare`) and each of ``kinds`` without its log line; and the daemon's log."""
+        problems = self.settle(heal=heal)
+        problems += self.compare()
+        log = self.daemon.log()
+        problems += missing_kinds(log, kinds)
+        return problems, log
 
 
 def wait_confirmed(pg: PgDatabase, slot: str, daemon: DaemonProcess) -> None:
-    conn = pg.connect()
-    target = current_wal_lsn(conn)
-
-    def confirmed() -> bool:
-        if not daemon.alive():
-            raise AssertionError(f"the daemon exited ({daemon.proc.returncode}):\n"
-                                 + tail(daemon.log()))
-        return slot_confirmed_flush_lsn(conn, slot) >= target
-
-    wait_for(confirmed, timeout_s=CATCH_UP_TIMEOUT_S,
-             what=f"the daemon to confirm {int_to_lsn(target)}")
+    """Until the daemon confirmed everything written so far (``support.cdc.wait_wal_confirmed``)."""
+    wait_wal_confirmed(pg.connect(), slot, daemon, CATCH_UP_TIMEOUT_S)
 
 
 def tail(log: str, lines: int = 30) -> str:

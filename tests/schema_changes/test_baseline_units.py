@@ -2,7 +2,7 @@
 
 ``classify`` is given a state, the version the stream (or the catalog check)
 sees and the catalog, as ``SchemaChanges`` reads them; ``kept`` is the answer
-of the row-age proof (``SchemaChanges._rows_kept``), which needs a server.
+of the row-age proof (``CatalogReader.rows_kept``), which needs a server.
 """
 
 from __future__ import annotations
@@ -10,16 +10,15 @@ from __future__ import annotations
 from cdcd.decode.oids import INT4, TEXT
 from cdcd.decode.relations import RelationCache
 from cdcd.decode.types import StaticCatalog
-from cdcd.pipeline.schema_changes import (
+from cdcd.pipeline.schema_changes.classify import classify
+from cdcd.pipeline.schema_changes.idle import _catalog_signature, _signature
+from cdcd.pipeline.schema_changes.state import (
     ADD_NULL,
     ADD_REWRITE,
     REWRITE,
     CatalogColumn,
     CatalogTable,
     TableState,
-    _catalog_signature,
-    _signature,
-    classify,
 )
 from cdcd.protocol.messages import IDENTITY_DEFAULT, Column, Relation
 

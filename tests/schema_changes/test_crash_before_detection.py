@@ -49,8 +49,7 @@ def test_kill9_before_detection_and_during_the_heal(populated, cdc_config) -> No
              what="k_idle's heal to have delivered 2 chunks")
     sc.daemon.freeze()  # nothing moves between the check and the kill
     assert healing(), f"the heal ended before the kill: {heal_jobs(sc.pg, 'public.k_idle')}"
-    sc.kill9()
-    sc.restart()
+    sc.crash()
     problems = sc.settle_heals(["k_written", "k_idle"])
     for table in ("k_written", "k_idle"):
         problems += kafka_differences(sc.pg, sc.bootstrap, sc.prefix, table, KEY)

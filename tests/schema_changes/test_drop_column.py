@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import missing_kinds, report
+from .helpers import report
 
 pytestmark = pytest.mark.integration
 
@@ -19,10 +19,7 @@ def test_dropped_column_is_gone(scenario) -> None:
     sc = scenario()
     sc.ddl_under_load(["ALTER TABLE items DROP COLUMN note",
                        "ALTER TABLE items DROP COLUMN price"], seed=8)
-    problems = sc.settle(heal=False)
-    problems += sc.compare()
-    log = sc.daemon.log()
-    problems += missing_kinds(log, ["drop_column"])
+    problems, log = sc.outcome(heal=False, kinds=["drop_column"])
     assert not problems, report(problems, log)
 
 
@@ -36,8 +33,5 @@ def test_dropped_then_re_added_column_does_not_resurrect_old_values(scenario) ->
     workload.wait_more(20)
     workload.finish()
     sc.execute("UPDATE items SET note = 'fresh' WHERE id = 10")
-    problems = sc.settle(heal=False)
-    problems += sc.compare()
-    log = sc.daemon.log()
-    problems += missing_kinds(log, ["drop_column", "add_column_null"])
+    problems, log = sc.outcome(heal=False, kinds=["drop_column", "add_column_null"])
     assert not problems, report(problems, log)

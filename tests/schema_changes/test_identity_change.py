@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from support.cdc import read_changes
 
-from .helpers import missing_kinds, report
+from .helpers import report
 
 pytestmark = pytest.mark.integration
 
@@ -26,10 +26,7 @@ def test_identity_and_key_changes(scenario) -> None:
          "ALTER TABLE items REPLICA IDENTITY DEFAULT"],
         seed=13,
     )
-    problems = sc.settle(heal=False)
-    problems += sc.compare()
-    log = sc.daemon.log()
-    problems += missing_kinds(log, ["identity"])
+    problems, log = sc.outcome(heal=False, kinds=["identity"])
     changes = read_changes(sc.bootstrap, sc.prefix, [sc.topic()])
     newest = max((c for c in changes if c.key is not None), key=lambda c: (c.lsn, c.seq))
     if sorted(newest.key) != ["code", "id"]:

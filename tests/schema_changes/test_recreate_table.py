@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 from support.cdc import read_changes
 
-from .helpers import Workload, missing_kinds, populate, report, wait_confirmed
+from .helpers import Workload, populate, report, wait_confirmed
 
 pytestmark = pytest.mark.integration
 
@@ -52,10 +52,7 @@ def test_recreated_table_replaces_the_old_rows(scenario) -> None:
     second.wait_more(20)
     second.finish()
 
-    problems = sc.settle(heal=False)
-    problems += sc.compare()
-    log = sc.daemon.log()
-    problems += missing_kinds(log, ["recreate"])
+    problems, log = sc.outcome(heal=False, kinds=["recreate"])
     truncates = [c for c in read_changes(sc.bootstrap, sc.prefix, [sc.topic()])
                  if c.value is not None and c.value["op"] == "t"]
     if len(truncates) < 2:

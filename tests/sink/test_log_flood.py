@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import re
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, write_config
+from support.cdc import run_cdcd, write_config
 
-from cdcd.local import LocalBroker
+from cdcd.tools.local import LocalBroker
 
 pytestmark = pytest.mark.integration
 
@@ -43,16 +41,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def cdcd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdcd", *args],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def same_error(message: str) -> str:
@@ -112,7 +100,7 @@ def refused_count(errors: dict[str, tuple[int, int, int]], port: int) -> int:
 def test_run_logs_each_librdkafka_error_once_then_the_final_error(pg: Any, tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path / "c.yaml", pg.dsn, f"127.0.0.1:{port}")
-    result = cdcd("run", "-c", str(config))
+    result = run_cdcd("run", "-c", str(config), timeout_s=180)
     # Exit 1 (SPEC §2: a restart may cure it) after the startup retries, with
     # one readable error line and no traceback.
     assert result.returncode == 1, result.stderr

@@ -38,8 +38,6 @@ from support.kafka import consume_all
 from cdcd.ack import AckTracker
 from cdcd.config.model import KafkaConfig
 from cdcd.errors import ConfigError, DefiniteError, TransientError
-from cdcd.local import LocalBroker
-from cdcd.local.postgres import free_port
 from cdcd.naming import schemas_topic, table_topic
 from cdcd.protocol.lsn import Lsn
 from cdcd.sink import (
@@ -54,6 +52,8 @@ from cdcd.sink import (
     topic_spec,
 )
 from cdcd.sink.producer import PRODUCER_DEFAULTS, classify_delivery_report
+from cdcd.tools.local import LocalBroker
+from cdcd.tools.local.postgres import free_port
 
 integration = pytest.mark.integration
 

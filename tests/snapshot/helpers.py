@@ -15,7 +15,7 @@ import psycopg2.extensions
 from support.cdc import Change, read_changes, replay, wait_for
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
-from cdcd.local.workload import orders_ddl
+from cdcd.tools.local.workload import orders_ddl
 
 
 def create_orders(conn: psycopg2.extensions.connection, rows: int, table: str = "orders") -> None:

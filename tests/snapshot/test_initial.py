@@ -155,16 +155,25 @@ def test_slot_that_exists_gets_no_initial_snapshot(pg, broker, cdc_config, daemo
     assert [c.value["op"] for c in changes if c.value] == ["u"]
 
 
-def test_kill9_during_initial_snapshot_completes_it_incrementally(pg, broker, cdc_config, daemons) -> None:
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_kill9_during_initial_snapshot_completes_it_incrementally(
+    pg, broker, cdc_config, daemons, parallelism: int
+) -> None:
+    """With 3 connections each table is cut into 3 key ranges read side by side.
+
+    Each table has 12,000 rows per connection, so that a table takes about as
+    long to read either way and the kill lands before the last one is done.
+    """
     conn = pg.connect()
     names = ["orders", "orders_b", "orders_c"]
+    rows = 12_000 * parallelism
     for name in names:
-        create_orders(conn, 12_000, table=name)
+        create_orders(conn, rows, table=name)
     slot = "cdcd_" + pg.dbname[:50]
-    # 40 chunks per table: the kill lands while the second table is being read.
+    # 40 chunks per table and connection: the kill lands while the second table is read.
     config = cdc_config(tables=[f"public.{n}" for n in names],
-                        snapshot={"chunk_rows": 300, "parallelism": 1})
-    writers = [Writer(pg, 12_000, seed=i, table=n, pause_s=0.002).start() for i, n in enumerate(names)]
+                        snapshot={"chunk_rows": 300, "parallelism": parallelism})
+    writers = [Writer(pg, rows, seed=i, table=n, pause_s=0.002).start() for i, n in enumerate(names)]
     first = daemons(config)
 
     def one_table_done() -> bool:

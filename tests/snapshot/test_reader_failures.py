@@ -25,7 +25,7 @@ from cdcd.decode.types import StaticCatalog
 from cdcd.errors import CdcdError
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Column, Relation
-from cdcd.snapshot import incremental, initial
+from cdcd.snapshot import chunks, initial
 from cdcd.snapshot.rows import TablePlan
 
 HANG_GUARD_S = 60.0
@@ -103,7 +103,7 @@ def test_initial_snapshot_reader_exception_fails_the_snapshot_naming_the_table(
     plan = _plan()
     monkeypatch.setattr(initial, "plan_table", lambda *a, **k: plan)
     monkeypatch.setattr(initial, "estimate_rows", lambda *a, **k: 10)
-    monkeypatch.setattr(initial, "read_chunk", _boom)
+    monkeypatch.setattr(initial, "read_copy", _boom)
     # The lock-and-compare step reads the catalog: not what this test is about.
     monkeypatch.setattr(initial.InitialSnapshot, "_check", lambda *a: None, raising=False)
 
@@ -141,10 +141,10 @@ def test_initial_snapshot_reader_exception_fails_the_snapshot_naming_the_table(
 def test_incremental_chunk_worker_exception_fails_the_request_naming_the_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(incremental, "connect", lambda *a, **k: _Conn())
-    monkeypatch.setattr(incremental.ChunkWorker, "_chunk", _boom)
-    worker = incremental.ChunkWorker("dbname=unused", 5.0)
-    request = incremental.ChunkRequest("run:1", _plan(), None, 100)
+    monkeypatch.setattr(chunks, "connect", lambda *a, **k: _Conn())
+    monkeypatch.setattr(chunks.ChunkWorker, "_chunk", _boom)
+    worker = chunks.ChunkWorker("dbname=unused", 5.0)
+    request = chunks.ChunkRequest("run:1", _plan(), None, 100)
     try:
         worker.submit(request)
         answered = request.ready.wait(HANG_GUARD_S)

@@ -64,7 +64,7 @@ class MirrorProcess:
         if history:
             args.append("--history")
         self.proc = subprocess.Popen(
-            launch.command(args, {"cdcd.spark.mirror.FAULT": fault} if fault else None),
+            launch.command(args, {"cdcd.spark.faults.FAULT": fault} if fault else None),
             cwd=PROJECT_ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -21,6 +21,7 @@ from cdcd.decode.values import column_codec
 from cdcd.envelope.encoder import (
     OP_CREATE,
     OP_DELETE,
+    OP_READ,
     OP_TRUNCATE,
     OP_UPDATE,
     TableEncoder,
@@ -38,7 +39,7 @@ from cdcd.protocol.messages import (
 )
 from cdcd.spark.source import ARROW_SCHEMA
 
-OPS = {"c": OP_CREATE, "u": OP_UPDATE, "d": OP_DELETE, "t": OP_TRUNCATE}
+OPS = {"c": OP_CREATE, "r": OP_READ, "u": OP_UPDATE, "d": OP_DELETE, "t": OP_TRUNCATE}
 UNCHANGED = object()  # marks an unchanged TOAST value in a row given to the factory
 
 

@@ -94,11 +94,15 @@ def _decoded(spark: Any) -> Any:
     topic.change(schema, "c", lsn=10, seq=1, after={"id": 2, "v": "b", "big": "x"})
     topic.change(schema, "u", lsn=20, after={"id": 1, "v": "a2", "big": None})
     topic.change(schema, "d", lsn=30, before={"id": 2, "v": None, "big": None})
-    batch = decode_batch(kafka_batch(topic.messages), DecodePlan.build(TOPIC, schema, topic.schemas))
+    batch = decode_batch(
+        kafka_batch(topic.messages), DecodePlan.build(TOPIC, schema, topic.schemas)
+    )
     table = pa.Table.from_batches([batch])
     # The update left "big" out (unchanged TOAST).
     toast = pa.array([[], [], ["big"], []], pa.list_(pa.string()))
-    table = table.set_column(table.schema.get_field_index("unchanged_toast"), "unchanged_toast", toast)
+    table = table.set_column(
+        table.schema.get_field_index("unchanged_toast"), "unchanged_toast", toast
+    )
     return spark.createDataFrame(table)
 
 
@@ -115,3 +119,33 @@ def test_read_changes_defaults(spark: Any, tmp_path: Path) -> None:
     at = {lsn: sorted((r["id"], r["v"]) for r in valid_at(_history(Path(history)), lsn).to_pylist())
           for lsn in (10, 20, 30)}  # fmt: skip
     assert at == {10: [(1, "a"), (2, "b")], 20: [(1, "a2"), (2, "b")], 30: [(1, "a2")]}
+
+
+def test_the_batch_is_reduced_on_the_executors_by_key(spark: Any, tmp_path: Path) -> None:
+    """Changes of one key spread over several partitions reach the driver as one change
+    per key (type 1; per key and sequence for type 2), and the targets are exact."""
+    from cdcd.spark.autocdc import _Arguments, _from_flat, _reduced
+
+    rows = [(k, f"v{k}.{ts}", ts, ts == 9 and k % 3 == 0) for ts in range(1, 10) for k in range(6)]
+    df = spark.createDataFrame(rows, FLAT).repartition(4)  # a key's changes on any partition
+    changes, keys, _ = _from_flat(
+        df, "t", _Arguments(["id"], ["ts"], _deleted(), None, None, ["deleted"])
+    )
+    # 54 changes of 6 keys: a run per key, and the deletes of keys 0 and 3 after theirs.
+    assert _reduced(changes, keys, per_commit=False).count() == 6 + 2
+    assert _reduced(changes, keys, per_commit=True).count() == 54  # one per key and sequence
+    one, two = str(tmp_path / "scd1"), str(tmp_path / "scd2")
+    for target, scd in ((one, 1), (two, 2)):
+        apply_changes(df, target, keys=["id"], sequence_by="ts", stored_as_scd_type=scd,
+                      apply_as_deletes="deleted", except_column_list=["deleted"])  # fmt: skip
+    assert _rows(read_mirror(one)) == [(k, f"v{k}.9", 9) for k in range(6) if k % 3]
+    history = _history(two)
+    for ts in range(1, 10):
+        live = [(k, f"v{k}.{ts}") for k in range(6) if ts < 9 or k % 3]
+        assert sorted((r["id"], r["name"]) for r in valid_at(history, ts).to_pylist()) == live
+
+
+def _deleted() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("deleted")

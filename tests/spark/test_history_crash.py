@@ -5,7 +5,7 @@ the table's; each carries the batch's Delta transaction id, so a batch
 replayed after a crash skips the commits it finds done. A child process
 applies a seeded history (inserts, updates, deletes, key changes and a
 truncate over five batches, without Spark: :class:`spark.handbuilt.Mirror`)
-and SIGKILLs itself at a fault point of batch 2 (``cdcd.spark.mirror.FAULT``, set in the child):
+and SIGKILLs itself at a fault point of batch 2 (``cdcd.spark.faults.FAULT``, set in the child):
 before the history commit, with a history data file written but not
 committed, after the history commit (before the table's), and after the
 table's commit (before the batch counts as done). A second run replays
@@ -96,9 +96,9 @@ _CHILD = """
 import sys
 sys.path.insert(0, "tests")
 from pathlib import Path
-import cdcd.spark.mirror
+import cdcd.spark.faults
 from spark.test_history_crash import apply_all
-cdcd.spark.mirror.FAULT = sys.argv[2]
+cdcd.spark.faults.FAULT = sys.argv[2]
 apply_all(Path(sys.argv[1]))
 """
 

@@ -29,7 +29,7 @@ import pytest
 from support.cdc import DaemonProcess, read_changes
 from support.pg import PgDatabase
 
-from cdcd.local import LocalBroker
+from cdcd.tools.local import LocalBroker
 from spark.capture import start_capture
 from spark.conftest import MirrorProcess
 

@@ -16,17 +16,10 @@ pa = pytest.importorskip("pyarrow")
 pytest.importorskip("deltalake")
 
 from cdcd.errors import DefiniteError  # noqa: E402
-from cdcd.spark.apply import (  # noqa: E402
-    META_LSN,
-    META_SEQ,
-    TableState,
-    apply_changes,
-    empty_rows,
-    evolve,
-    table_dir_name,
-)
+from cdcd.spark.apply import META_LSN, META_SEQ, apply_changes, empty_rows, evolve  # noqa: E402
 from cdcd.spark.layout import RowLayout, changes_arrow_schema  # noqa: E402
 from cdcd.spark.mirror import MirrorStore, read_mirror  # noqa: E402
+from cdcd.spark.tablestate import TableState, table_dir_name  # noqa: E402
 
 ROW = {
     "type": "record",
@@ -527,7 +520,7 @@ def test_merge_bounds_the_target_by_the_batchs_key_range() -> None:
     """delta-rs prunes files only by a target condition: integer and text keys get one, quoted."""
     import pyarrow as pa
 
-    from cdcd.spark.mirror import _range_condition
+    from cdcd.spark.deltaio import range_condition as _range_condition
 
     assert _range_condition("t", "id", pa.array([7, 3, 12])) == 't."id" >= 3 AND t."id" <= 12'
     assert (

@@ -5,7 +5,7 @@ batch's progress (the ``txn`` action: Spark query id and batch id) and the
 mirror state are in that entry. So:
 
 * ``kill -9`` while a MERGE has written its data file but not the log entry
-  (fault point ``cdcd.spark.mirror.FAULT = "in-merge"``: the process SIGKILLs itself the
+  (fault point ``cdcd.spark.faults.FAULT = "in-merge"``: the process SIGKILLs itself the
   moment such a file exists) leaves the table at its previous version, and
   the next run applies the batch once -- in a child process applying a
   batch without Spark (default suite), and with ``cdcd mirror`` itself
@@ -71,9 +71,9 @@ def _uncommitted_files(table: Path) -> set[str]:
 _CHILD = """
 import sys
 sys.path.insert(0, "tests")
-import cdcd.spark.mirror
+import cdcd.spark.faults
 from cdcd.spark.mirror import MirrorStore
-cdcd.spark.mirror.FAULT = sys.argv[2]
+cdcd.spark.faults.FAULT = sys.argv[2]
 from spark.test_mirror_apply import _store_batch, change, row
 store = MirrorStore(sys.argv[1])
 store.open()

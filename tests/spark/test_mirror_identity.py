@@ -111,7 +111,7 @@ def test_changes_that_match_no_row_are_reported(
     mirror = Mirror(tmp_path, topic)
     mirror.batch([topic.change(ROW, "c", lsn=10, after={"id": 1, "code": "a", "v": "x"},
                                key_columns=("id",))])  # fmt: skip
-    caplog.set_level(logging.WARNING, logger="cdcd.spark.mirror")
+    caplog.set_level(logging.WARNING, logger="cdcd.spark")
     report = mirror.batch(
         [
             topic.change(ROW, "u", lsn=11, after={"id": 7, "code": "g", "v": "y"}, key_columns=("id",)),

@@ -150,7 +150,7 @@ def test_mirror_follows_key_migrations(
     capture.confirmed()
     assert daemon.terminate() == 0, daemon.log()
 
-    caplog.set_level(logging.WARNING, logger="cdcd.spark.mirror")
+    caplog.set_level(logging.WARNING, logger="cdcd.spark")
     fresh = tmp_path / "fresh"
     mirror_once(config, warm)
     mirror_once(config, fresh)

@@ -128,7 +128,7 @@ def test_streaming_mirror_converges_after_writes_stop(
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         scenario.start()
-        with caplog.at_level(logging.INFO, logger="cdcd.spark.mirror"):
+        with caplog.at_level(logging.INFO, logger="cdcd.spark.job"):
             code = run_mirror(load_config(config), output, once=False, spark=spark, interval_s=1.0)
         scenario.join(120)
     finally:

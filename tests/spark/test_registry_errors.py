@@ -23,7 +23,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from cdcd.consumer import SchemaCatalog
 from cdcd.errors import DefiniteError, TransientError
-from cdcd.local.postgres import free_port
+from cdcd.tools.local.postgres import free_port
 
 HEADER = b"\x00" + (7).to_bytes(4, "big")  # Confluent wire format, schema id 7
 

@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from support.kafka import create_topic
 
 from cdcd.config.model import parse_config
-from cdcd.local import LocalBroker
+from cdcd.tools.local import LocalBroker
 
 pytest.importorskip("pyspark")
 

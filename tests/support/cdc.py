@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,7 @@ from confluent_kafka.admin import AdminClient
 
 from support import launch
 from support.kafka import consume_all
+from support.pg import current_wal_lsn, int_to_lsn, slot_confirmed_flush_lsn
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +47,17 @@ SHORT_STARTUP_RETRY = {"cdcd.daemon.STARTUP_RETRY_S": 4.0}
 def cdcd_argv(*args: str, hooks: Mapping[str, Any] | None = None) -> list[str]:
     """The argv of ``cdcd ARGS`` as the suite runs it: with :data:`TEST_HOOKS` and ``hooks``."""
     return launch.command(args, {**TEST_HOOKS, **(hooks or {})})
+
+
+def run_cdcd(
+    *args: str, timeout_s: float = 120, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m cdcd ARGS`` from the project root, to its end: its exit code and output
+    (text). ``env`` is added to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "cdcd", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=timeout_s, env={**os.environ, **env} if env is not None else None, check=False,
+    )
 
 
 def write_config(
@@ -271,6 +284,41 @@ def wait_for(predicate: Any, timeout_s: float = 60.0, interval_s: float = 0.2, w
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
         time.sleep(interval_s)
+
+
+def wait_streaming(
+    db: Any, slot: str, daemon: DaemonProcess | None = None, timeout_s: float = 60.0
+) -> None:
+    """Until a walsender streams from ``slot``; an AssertionError with the end of its log if
+    ``daemon`` exits first. ``db``: anything with ``execute(query, params)`` (a
+    ``PgDatabase``, a ``LocalPostgres``) on the slot's server."""
+
+    def streaming() -> bool:
+        if daemon is not None and not daemon.alive():
+            raise AssertionError(f"the daemon exited ({daemon.proc.returncode}) before "
+                                 f"streaming:\n{daemon.log()[-3000:]}")
+        return bool(db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
+                               "AND active", (slot,)))
+
+    wait_for(streaming, timeout_s=timeout_s, interval_s=0.1, what=f"the daemon to stream from {slot}")
+
+
+def wait_wal_confirmed(
+    conn: Any, slot: str, daemon: DaemonProcess | None = None, timeout_s: float = 60.0
+) -> None:
+    """Until ``slot`` confirmed the server's WAL position as of now (read on ``conn``, a
+    psycopg2 connection): everything committed so far is in Kafka. An AssertionError with
+    the end of its log if ``daemon`` exits first."""
+    target = current_wal_lsn(conn)
+
+    def confirmed() -> bool:
+        if daemon is not None and not daemon.alive():
+            raise AssertionError(f"the daemon exited ({daemon.proc.returncode}):\n"
+                                 f"{daemon.log()[-3000:]}")
+        return slot_confirmed_flush_lsn(conn, slot) >= target
+
+    wait_for(confirmed, timeout_s=timeout_s, interval_s=0.1,
+             what=f"{slot} to confirm {int_to_lsn(target)}")
 
 
 # ----------------------------------------------------------------------------- schema resolution

@@ -41,9 +41,6 @@ LAYERS: dict[str, int] = {
     # by every stage, so they may only use the base and naming.
     "config": 2,
     "observability": 2,
-    # Throwaway PostgreSQL and broker for demo, bench and the tests: it needs
-    # nothing of cdcd (who may use it: ONLY_USED_BY).
-    "local": 2,
     # pgoutput bytes -> messages, no I/O; and the Avro binary primitives, which
     # both decode (values) and envelope (records) write with.
     "protocol": 3,
@@ -77,14 +74,16 @@ LAYERS: dict[str, int] = {
     "spark": 10,
     # cdcd tail: a plain reader of the topics (the consumer side, no Spark).
     "tail": 10,
-    # Commands built on the daemon: check (runs the daemon's preflight), demo
-    # (runs a daemon against local infrastructure), bench (runs a pipeline).
+    # check runs the daemon's startup checks.
     "check": 11,
-    "demo": 11,
-    "bench": 11,
+    # The operator tools beside the daemon (cdcd.tools): demo (a daemon against
+    # throwaway servers), bench (runs a pipeline), the throwaway PostgreSQL and
+    # broker (tools.local, also the tests'), check's presentation. Nothing of
+    # the daemon may use them (ONLY_USED_BY).
+    "tools": 12,
     # The command line dispatches to all of them; __main__ runs it.
-    "cli": 12,
-    "__main__": 13,
+    "cli": 13,
+    "__main__": 14,
 }
 
 #: Packages whose dependencies are limited to a list, beyond their rank: a
@@ -109,9 +108,9 @@ ONLY_USES: dict[str, frozenset[str]] = {
 
 #: Packages only the listed packages may import.
 ONLY_USED_BY: dict[str, frozenset[str]] = {
-    # Starting throwaway clusters is for demo and bench (and tests), never for
-    # the daemon or anything it runs.
-    "local": frozenset({"demo", "bench"}),
+    # Demo, bench and throwaway servers are the operator's and the tests',
+    # never the daemon's or anything it runs: only the command line starts them.
+    "tools": frozenset({"cli"}),
 }
 
 
@@ -125,8 +124,8 @@ class Site:
     dynamic: bool
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -138,8 +137,8 @@ def _unit(module: str) -> str:
     return parts[1] if len(parts) > 1 else "cdcd"
 
 
-def _exists(module: str) -> bool:
-    base = ROOT.joinpath(*module.split("."))
+def _exists(module: str, root: Path = ROOT) -> bool:
+    base = root.joinpath(*module.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
@@ -155,7 +154,9 @@ def _resolve_from(node: ast.ImportFrom, module: str, is_package: bool) -> str | 
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _targets(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str, bool]]:
+def _targets(
+    tree: ast.AST, module: str, is_package: bool, root: Path = ROOT
+) -> list[tuple[int, str, bool]]:
     """``(line, module, dynamic)`` of every cdcd module this file imports or names in a call."""
     found: list[tuple[int, str, bool]] = []
     for node in ast.walk(tree):
@@ -169,7 +170,7 @@ def _targets(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, st
             # __version__`` a name of the package. One statement counts once
             # per module it reaches, however many names it takes.
             modules = {
-                f"{source}.{alias.name}" if _exists(f"{source}.{alias.name}") else source
+                f"{source}.{alias.name}" if _exists(f"{source}.{alias.name}", root) else source
                 for alias in node.names
             }
             found.extend((node.lineno, m, False) for m in sorted(modules))
@@ -183,24 +184,29 @@ def _targets(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, st
                     isinstance(arg, ast.Constant)
                     and isinstance(arg.value, str)
                     and arg.value.startswith("cdcd.")
-                    and _exists(arg.value)
+                    and _exists(arg.value, root)
                 ):
                     found.append((node.lineno, arg.value, True))
     return [t for t in found if t[1] == "cdcd" or t[1].startswith("cdcd.")]
 
 
 def import_graph(package_dir: Path | None = None) -> dict[tuple[str, str], list[Site]]:
-    """Every edge between different packages of cdcd, with the imports that make it."""
+    """Every edge between different packages of cdcd, with the imports that make it.
+
+    ``package_dir`` (default: this repository's ``cdcd``) may be a copy elsewhere:
+    module names are read relative to its parent.
+    """
     package_dir = package_dir or ROOT / "cdcd"
+    root = package_dir.parent
     edges: dict[tuple[str, str], list[Site]] = defaultdict(list)
     for path in sorted(package_dir.rglob("*.py")):
-        module = _module_name(path)
+        module = _module_name(path, root)
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         source = _unit(module)
-        for line, target, dynamic in _targets(tree, module, path.name == "__init__.py"):
+        for line, target, dynamic in _targets(tree, module, path.name == "__init__.py", root):
             dest = _unit(target)
             if dest != source:
-                rel = str(path.relative_to(ROOT))
+                rel = str(path.relative_to(root))
                 edges[(source, dest)].append(Site(rel, line, target, dynamic))
     return dict(edges)
 

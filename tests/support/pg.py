@@ -7,6 +7,7 @@ decoder tests can run against what PostgreSQL really sends.
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import time
@@ -19,9 +20,10 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
+import pytest
 from psycopg2 import sql
 
-from cdcd.local.postgres import LocalPostgres
+from cdcd.tools.local.postgres import LocalPostgres, installed_versions
 
 __all__ = [
     "PgDatabase",
@@ -33,6 +35,7 @@ __all__ = [
     "lsn_to_int",
     "read_pgoutput",
     "replication_connection",
+    "require_version",
     "slot_confirmed_flush_lsn",
 ]
 
@@ -52,6 +55,16 @@ def lsn_to_int(lsn: str) -> int:
 def int_to_lsn(value: int) -> str:
     """Integer LSN -> ``'16/B374D848'`` (PostgreSQL's text form)."""
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+def require_version(version: int) -> None:
+    """Skip unless PostgreSQL ``version`` is installed (on CI, where setup installs every
+    version, fail instead)."""
+    if version not in installed_versions():
+        message = f"PostgreSQL {version} is not installed; `bash .ci/setup` installs it"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def _qualified(name: str) -> sql.Identifier:
@@ -312,6 +325,13 @@ class PgDatabase:
         rows = self.cluster.execute(query, params, dbname=self.dbname)
         return rows[0] if rows else None
 
+    def capture(self, tables: Iterable[str], publication: str = "pub", slot: str = "slot") -> int:
+        """A publication of ``tables`` and a pgoutput slot, for :func:`read_pgoutput`;
+        returns the slot's consistent point."""
+        conn = self.connect()
+        create_publication(conn, publication, tables)
+        return create_slot(conn, slot)
+
     def close_connections(self) -> None:
         """Close every connection handed out by :meth:`connect`."""
         for conn in self._connections:
@@ -323,3 +343,20 @@ class PgDatabase:
         """Close our connections, drop the database's slots, then the database."""
         self.close_connections()
         self.cluster.drop_database(self.dbname)
+
+    @classmethod
+    @contextmanager
+    def fresh(cls, cluster: LocalPostgres, prefix: str, test_name: str) -> Iterator[PgDatabase]:
+        """A database ``<prefix>_<test name>`` on ``cluster`` for one test, dropped (with
+        its slots) afterwards; a cluster the test stopped is started again for the others."""
+        stem = re.sub(r"[^a-z0-9]+", "_", test_name.lower()).strip("_")[:40]
+        dbname = f"{prefix}_{stem}"
+        cluster.create_database(dbname)
+        db = cls(cluster=cluster, dbname=dbname)
+        try:
+            yield db
+        finally:
+            db.close_connections()
+            if not cluster.running:
+                cluster.start_again()
+            db.drop()

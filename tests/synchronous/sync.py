@@ -16,7 +16,6 @@ PREPARE with a 3 s timeout still waited after 600 s). Only a cancel
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,21 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from support.cdc import DaemonProcess, read_changes, replay, wait_for
 
-from cdcd.local import LocalBroker, LocalPostgres
-from cdcd.local.postgres import installed_versions
-
-
-def require_version(version: int) -> None:
-    """Skip unless PostgreSQL ``version`` is installed (on CI: fail)."""
-    if version not in installed_versions():
-        message = f"PostgreSQL {version} is not installed; `bash .ci/setup` installs it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+from cdcd.tools.local import LocalBroker, LocalPostgres
 
 
 def set_standby_names(cluster: LocalPostgres, names: str) -> None:

@@ -25,22 +25,21 @@ waits. Those two run with ``-m slow``.
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.cdc import PROJECT_ROOT, DaemonProcess, wait_for, write_config
+from support.cdc import DaemonProcess, run_cdcd, wait_for, write_config
 from support.kafka import create_topic
+from support.pg import require_version
 
-from cdcd.local import LocalBroker, LocalPostgres, free_port
 from cdcd.snapshot.store import SignalTable
 from cdcd.source.database import SourceDatabase
+from cdcd.tools.local import LocalBroker, LocalPostgres, free_port
 
-from .sync import require_version, scene, synchronous, wait_sync_state
+from .sync import scene, synchronous, wait_sync_state
 
 pytestmark = pytest.mark.integration
 _names = itertools.count(1)
@@ -102,10 +101,7 @@ def _gauge(port: int) -> float | None:
 
 
 def _check_lines(config: Path) -> list[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "check", "-c", str(config)], cwd=PROJECT_ROOT,
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    result = run_cdcd("check", "-c", str(config))
     print(result.stdout)  # what docs/synchronous.md quotes
     return [line for line in result.stdout.splitlines() if " synchronous" in line]
 

@@ -26,10 +26,11 @@ import pytest
 from failover.standby import build_standby, standby_settings
 from support.cdc import DaemonProcess, wait_for, write_config
 from support.kafka import create_topic
+from support.pg import require_version
 
-from cdcd.local import LocalBroker, LocalPostgres
+from cdcd.tools.local import LocalBroker, LocalPostgres
 
-from .sync import Scene, require_version, scene, sync_state, synchronous, wait_sync_state
+from .sync import Scene, scene, sync_state, synchronous, wait_sync_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SLOT = "cdcd_sync"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, DaemonProcess, wait_for
+from support.cdc import PROJECT_ROOT, DaemonProcess, run_cdcd, wait_for
 from support.pg import PgDatabase
 
 from tests.envelope.test_registry import FakeRegistry
@@ -35,10 +35,7 @@ pytestmark = pytest.mark.integration
 
 
 def tail(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "cdcd", "tail", "-c", str(config), *args],
-        capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT,
-    )  # fmt: skip
+    result = run_cdcd("tail", "-c", str(config), *args)
     assert result.returncode == 0, result.stderr
     return result
 

@@ -10,8 +10,6 @@ the matrix must not shrink unseen.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +17,9 @@ from typing import Any
 
 import pytest
 from support.cdc import write_config
-from support.pg import PgDatabase
+from support.pg import PgDatabase, require_version
 
-from cdcd.local import LocalBroker, LocalPostgres
-from cdcd.local.postgres import installed_versions
+from cdcd.tools.local import LocalBroker, LocalPostgres
 
 #: PostgreSQL major -> the highest pgoutput protocol version it speaks.
 MATRIX: dict[int, int] = {12: 1, 13: 1, 14: 2, 15: 3, 16: 4, 17: 4, 18: 4}
@@ -51,11 +48,7 @@ def _settings(version: int) -> dict[str, str]:
 @pytest.fixture(scope="module", params=sorted(MATRIX), ids=lambda v: f"pg{v}")
 def version_pg(request: pytest.FixtureRequest) -> Iterator[VersionCluster]:
     version: int = request.param
-    if version not in installed_versions():
-        message = f"PostgreSQL {version} is not installed; `bash .ci/setup` installs it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_version(version)
     cluster = LocalPostgres.start(settings=_settings(version), version=version)
     try:
         assert cluster.version == version
@@ -67,19 +60,10 @@ def version_pg(request: pytest.FixtureRequest) -> Iterator[VersionCluster]:
 @pytest.fixture
 def vdb(version_pg: VersionCluster, request: pytest.FixtureRequest) -> Iterator[PgDatabase]:
     """A fresh database on this version's cluster, dropped (with its slots) afterwards."""
-    cluster = version_pg.cluster
     # The version first: the name is also the topic prefix on the shared broker.
-    stem = re.sub(r"[^a-z0-9]+", "_", request.node.originalname.lower()).strip("_")[:40]
-    dbname = f"v{version_pg.version}_{stem}"
-    cluster.create_database(dbname)
-    db = PgDatabase(cluster=cluster, dbname=dbname)
-    try:
+    prefix = f"v{version_pg.version}"
+    with PgDatabase.fresh(version_pg.cluster, prefix, request.node.originalname) as db:
         yield db
-    finally:
-        db.close_connections()
-        if not cluster.running:
-            cluster.start_again()
-        db.drop()
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from cdcd.ack.tracker import AckTracker
 from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.envelope.wire import SingleObjectFormat
 from cdcd.errors import DefiniteError
-from cdcd.local.postgres import PostgresSetupError, find_bindir, installed_versions
 from cdcd.naming import HEARTBEAT_PREFIX, WATERMARK_PREFIX
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.publisher import Publisher
@@ -34,6 +33,7 @@ from cdcd.source.versions import (
     require_protocol,
     version_text,
 )
+from cdcd.tools.local.postgres import PostgresSetupError, find_bindir, installed_versions
 
 #: A server_version_num of each supported major (the matrix's patch levels).
 SERVERS = {12: 120022, 13: 130023, 14: 140023, 15: 150018, 16: 160014, 17: 170010, 18: 180004}

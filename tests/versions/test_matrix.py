@@ -26,19 +26,16 @@ compared with ``SELECT``; nothing of an aborted transaction may be in it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, read_changes, replay, wait_for
-from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
+from support.cdc import read_changes, replay, run_cdcd, wait_for, wait_wal_confirmed
 from support.workload import ABORTED, KEYS, UNDONE, Workload, table_rows
 
-from cdcd.local.postgres import free_port
+from cdcd.tools.local.postgres import free_port
 
 from .conftest import MATRIX, VersionCluster
 
@@ -180,9 +177,7 @@ def test_every_version_streams_snapshots_and_survives_kill9(
         wait_for(lambda: (job := _job(vdb)) is not None and job["status"] == "done",
                  timeout_s=120, what="the snapshot job to finish")
         wait_for(lambda: workload.committed >= 30, what="30 workload transactions")
-    target = current_wal_lsn(conn)
-    wait_for(lambda: slot_confirmed_flush_lsn(conn, slot) >= target, timeout_s=120,
-             what="the daemon to confirm everything written")
+    wait_wal_confirmed(conn, slot, timeout_s=120)
     wait_for(lambda: _heartbeats(port) > 0, what="a heartbeat after the restart")
     if version_pg.protocol >= 2:
         # The large transactions really were streamed before their end.
@@ -228,7 +223,6 @@ def test_a_protocol_the_server_lacks_is_refused_in_one_line(
     assert not vdb.fetchall("SELECT 1 FROM pg_replication_slots")
     assert not vdb.fetchall("SELECT 1 FROM pg_publication")
 
-    check = subprocess.run([sys.executable, "-m", "cdcd", "check", "-c", str(config)],
-                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    check = run_cdcd("check", "-c", str(config))
     failed = [line for line in check.stdout.splitlines() if line.startswith("FAIL protocol_version")]
     assert len(failed) == 1 and f"PostgreSQL {version_pg.version}." in failed[0], check.stdout

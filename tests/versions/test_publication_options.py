@@ -13,7 +13,6 @@ except in CI) and compares the topic with ``SELECT``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,12 +30,11 @@ from support.cdc import (
     wait_for,
     write_config,
 )
-from support.pg import PgDatabase
+from support.pg import PgDatabase, require_version
 
 from cdcd.cli import main
-from cdcd.local import LocalBroker, LocalPostgres
-from cdcd.local.postgres import installed_versions
 from cdcd.naming import table_topic
+from cdcd.tools.local import LocalBroker, LocalPostgres
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +47,7 @@ def on_version(
     made: list[PgDatabase] = []
 
     def make(version: int) -> PgDatabase:
-        if version not in installed_versions():
-            message = f"PostgreSQL {version} is not installed; `bash .ci/setup` installs it"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
+        require_version(version)
         cluster = make_pg_cluster(version=version)
         name = f"v{version}_{request.node.originalname[5:35]}"
         cluster.create_database(name)

@@ -16,6 +16,9 @@ traverse them.
 
 Everything this module starts it stops by data directory (``pg_ctl stop -D``),
 so it never signals a server it did not create.
+
+One concern, one class: :class:`LocalPostgres` and what its lifecycle needs
+(the binaries it runs are found by :mod:`cdcd.tools.local.binaries`).
 """
 
 from __future__ import annotations
@@ -33,13 +36,25 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 from psycopg2 import sql
+
+from cdcd.tools.local.binaries import (
+    PostgresSetupError,
+    find_bindir,
+    has_server_binaries,
+    installed_versions,
+    server_env,
+    server_major,
+    server_user,
+    versions_dir,
+)
+from cdcd.tools.local.databases import drop_database
+from cdcd.tools.local.process import Throwaway, proc_stat_fields
 
 __all__ = [
     "DEFAULT_SETTINGS",
@@ -69,36 +84,14 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
     "fsync": "off",
 }
 
-#: Where the Debian ``postgresql-15`` package puts the server binaries.
-DEBIAN_BINDIR = Path("/usr/lib/postgresql/15/bin")
-
-#: Environment variable that names a directory holding ``initdb`` and ``pg_ctl``.
-BINDIR_ENV = "CDCD_PG_BINDIR"
-
-#: Environment variable naming where ``.ci/setup`` installs the other server
-#: versions (``<dir>/<major>/bin``); the defaults below are setup's too.
-VERSIONS_DIR_ENV = "CDCD_PG_VERSIONS_DIR"
-_ROOT_VERSIONS_DIR = Path("/var/cache/cdcd/postgres")
-
 #: The host every DSN of a local cluster points at (TCP, not the socket, so
 #: that clients running as any user can connect).
 HOST = "127.0.0.1"
 
-_INSTALL_HINT = "install PostgreSQL 15 with `apt-get install -y postgresql-15`"
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _PORT_ATTEMPTS = 5
 _START_TIMEOUT_S = 60
 _RELOAD_TIMEOUT_S = 10.0
-
-
-class PostgresSetupError(RuntimeError):
-    """The throwaway cluster could not be created, started or stopped.
-
-    The message says which command failed and includes its output (or the tail
-    of the server log), because the usual causes -- a missing package, a port
-    race, a directory the ``postgres`` user cannot reach -- are only visible
-    there.
-    """
 
 
 def free_port(host: str = HOST) -> int:
@@ -112,108 +105,6 @@ def free_port(host: str = HOST) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _has_server_binaries(bindir: Path) -> bool:
-    """Whether ``bindir`` holds executable ``initdb`` and ``pg_ctl``."""
-    return all(os.access(bindir / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres"))
-
-
-def versions_dir() -> Path:
-    """Where ``.ci/setup`` installs PostgreSQL 12, 13, 14, 16, 17 and 18.
-
-    ``$CDCD_PG_VERSIONS_DIR``; else ``/var/cache/cdcd/postgres`` as root (the
-    ``postgres`` user must reach it, which rules out root's home) and
-    ``~/.cache/cdcd/postgres`` otherwise.
-    """
-    override = os.environ.get(VERSIONS_DIR_ENV)
-    if override:
-        return Path(override)
-    if os.geteuid() == 0:
-        return _ROOT_VERSIONS_DIR
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "cdcd" / "postgres"
-
-
-def installed_versions() -> dict[int, Path]:
-    """Major version -> bin directory of every PostgreSQL server found here, sorted.
-
-    Looks in :func:`versions_dir` (``<major>/bin``) and in Debian's
-    ``/usr/lib/postgresql/<major>/bin``; Debian's wins for a major both have.
-    """
-    found: dict[int, Path] = {}
-    for root in (versions_dir(), DEBIAN_BINDIR.parent.parent):
-        try:
-            entries = list(root.iterdir())
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name.isdigit() and _has_server_binaries(entry / "bin"):
-                found[int(entry.name)] = entry / "bin"
-    return dict(sorted(found.items()))
-
-
-def find_bindir(version: int | None = None) -> Path:
-    """Locate the PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``).
-
-    With ``version`` (a major, e.g. ``12``): that version's directory from
-    :func:`installed_versions`, or an error saying how to install it.
-    Otherwise, in order: ``$CDCD_PG_BINDIR`` (an explicit choice, never
-    silently ignored), the Debian PostgreSQL 15 directory, then ``pg_config
-    --bindir``. Debian puts the server binaries outside ``PATH``, which is why
-    ``PATH`` alone is not consulted.
-    """
-    if version is not None:
-        installed = installed_versions()
-        if version not in installed:
-            have = ", ".join(str(v) for v in installed) or "none"
-            raise PostgresSetupError(
-                f"PostgreSQL {version} is not installed (found: {have}; looked in "
-                f"{versions_dir()} and {DEBIAN_BINDIR.parent.parent}); `bash .ci/setup` "
-                f"installs 12, 13, 14, 16, 17 and 18 there (${VERSIONS_DIR_ENV} moves it)"
-            )
-        return installed[version]
-    override = os.environ.get(BINDIR_ENV)
-    if override:
-        path = Path(override)
-        if not _has_server_binaries(path):
-            raise PostgresSetupError(
-                f"{BINDIR_ENV}={override!r} does not contain executable initdb, pg_ctl "
-                f"and postgres; point it at a PostgreSQL bin directory or {_INSTALL_HINT}"
-            )
-        return path
-    if _has_server_binaries(DEBIAN_BINDIR):
-        return DEBIAN_BINDIR
-    pg_config = shutil.which("pg_config")
-    if pg_config is not None:
-        result = subprocess.run(
-            [pg_config, "--bindir"], capture_output=True, text=True, check=False
-        )
-        if result.returncode == 0:
-            path = Path(result.stdout.strip())
-            if _has_server_binaries(path):
-                return path
-    raise PostgresSetupError(
-        f"PostgreSQL server binaries not found (looked in ${BINDIR_ENV}, {DEBIAN_BINDIR} "
-        f"and `pg_config --bindir`); {_INSTALL_HINT}"
-    )
-
-
-_VERSION_LINE = re.compile(r"\(PostgreSQL\) (\d+)")
-
-
-def server_major(bindir: Path) -> int:
-    """The major version of the server in ``bindir``, from ``postgres --version``."""
-    result = subprocess.run(
-        [str(bindir / "postgres"), "--version"], capture_output=True, text=True, check=False
-    )
-    match = _VERSION_LINE.search(result.stdout)
-    if result.returncode != 0 or match is None:
-        raise PostgresSetupError(
-            f"{bindir / 'postgres'} --version failed (exit {result.returncode}): "
-            f"{(result.stdout + result.stderr).strip()[:500]}"
-        )
-    return int(match.group(1))
 
 
 def _conf_value(value: SettingValue) -> str:
@@ -231,26 +122,7 @@ def _check_setting_name(name: str) -> None:
         raise ValueError(f"not a PostgreSQL setting name: {name!r}")
 
 
-def _dsn_value(value: object) -> str:
-    """Quote a libpq keyword/value connection string value."""
-    text = str(value)
-    if text and not re.search(r"[\s'\\]", text):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _server_env() -> dict[str, str]:
-    """The environment for server commands, without libpq/PG variables.
-
-    ``PGDATA``, ``PGPORT``, ``PGOPTIONS`` and friends from the caller's shell
-    would otherwise leak into ``pg_ctl`` and the server.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env["LC_ALL"] = "C"  # English messages: start errors are recognised by text
-    return env
-
-
-class LocalPostgres:
+class LocalPostgres(Throwaway):
     """One throwaway PostgreSQL cluster started by this process.
 
     Create it with :meth:`start`; use it as a context manager (or call
@@ -270,15 +142,12 @@ class LocalPostgres:
         settings: Mapping[str, SettingValue],
     ) -> None:
         """Record where the cluster lives; use :meth:`start` to create one."""
-        self._base = base_dir
+        super().__init__(base_dir)
         self._bindir = bindir
         self._run_as = run_as
         self._owns_base = owns_base_dir
         self._settings: dict[str, SettingValue] = dict(settings)
-        self._port = 0
         self._proc: subprocess.Popen[bytes] | None = None
-        self._cleaned = False
-        self._creator_pid = os.getpid()
         self._version: int | None = None
 
     # ------------------------------------------------------------------ creation
@@ -310,11 +179,11 @@ class LocalPostgres:
             raise ValueError("give version or bindir, not both")
         if bindir is not None:
             chosen = Path(bindir)
-            if not _has_server_binaries(chosen):
+            if not has_server_binaries(chosen):
                 raise PostgresSetupError(f"{chosen} does not contain initdb, pg_ctl and postgres")
         else:
             chosen = find_bindir(version)
-        run_as = _server_user()
+        run_as = server_user()
         merged: dict[str, SettingValue] = dict(DEFAULT_SETTINGS)
         for name, value in (settings or {}).items():
             _check_setting_name(name)
@@ -332,13 +201,7 @@ class LocalPostgres:
             if any(base.iterdir()):
                 raise PostgresSetupError(f"base_dir {base} is not empty")
         cluster = cls(base, bindir=chosen, run_as=run_as, owns_base_dir=owns, settings=merged)
-        atexit.register(cluster._atexit_cleanup)
-        try:
-            cluster._init()
-            cluster._start_on_free_port()
-        except BaseException:
-            cluster.cleanup()
-            raise
+        cluster._bring_up(cluster._init, cluster._start_on_free_port)
         return cluster
 
     def _init(self) -> None:
@@ -372,11 +235,11 @@ class LocalPostgres:
             ]
         )
         with open(self.datadir / "postgresql.conf", "a", encoding="utf-8") as conf:
-            conf.write("\n# added by cdcd.local.postgres\ninclude = 'cdcd_local.conf'\n")
+            conf.write("\n# added by cdcd.tools.local.postgres\ninclude = 'cdcd_local.conf'\n")
 
     def _write_local_conf(self) -> None:
         """Write ``cdcd_local.conf`` (settings, port and socket directory)."""
-        lines = ["# written by cdcd.local.postgres; ALTER SYSTEM overrides these"]
+        lines = ["# written by cdcd.tools.local.postgres; ALTER SYSTEM overrides these"]
         for name, value in self._settings.items():
             lines.append(f"{name} = {_conf_value(value)}")
         lines.append(f"port = {self._port}")
@@ -421,7 +284,7 @@ class LocalPostgres:
             self._proc = subprocess.Popen(
                 self._wrap(argv),
                 cwd=self._base,
-                env=_server_env(),
+                env=server_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -490,7 +353,7 @@ class LocalPostgres:
         result = subprocess.run(
             self._wrap(argv),
             cwd=self._base,
-            env=_server_env(),
+            env=server_env(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -511,11 +374,6 @@ class LocalPostgres:
         return HOST
 
     @property
-    def port(self) -> int:
-        """TCP port the server listens on."""
-        return self._port
-
-    @property
     def bindir(self) -> Path:
         """Directory of the server binaries in use (also has ``pg_recvlogical``)."""
         return self._bindir
@@ -526,11 +384,6 @@ class LocalPostgres:
         if self._version is None:
             self._version = server_major(self._bindir)
         return self._version
-
-    @property
-    def base_dir(self) -> Path:
-        """Directory holding the data directory, socket directory and log."""
-        return self._base
 
     @property
     def datadir(self) -> Path:
@@ -570,14 +423,16 @@ class LocalPostgres:
         ``extra`` adds or overrides keywords, e.g. ``application_name="x"`` or
         ``replication="database"``.
         """
-        params: dict[str, object] = {
+        params: dict[str, Any] = {
             "host": HOST,
             "port": self._port,
             "dbname": dbname,
             "user": "postgres",
         }
         params.update(extra)
-        return " ".join(f"{key}={_dsn_value(value)}" for key, value in params.items())
+        # libpq quoting (make_dsn), in this order: what a reader of the DSN expects.
+        dsn: str = psycopg2.extensions.make_dsn(**params)
+        return dsn
 
     def connect(self, dbname: str = "postgres") -> psycopg2.extensions.connection:
         """A new autocommit psycopg2 connection; the caller closes it."""
@@ -620,59 +475,8 @@ class LocalPostgres:
         )
 
     def drop_database(self, name: str) -> None:
-        """Drop ``name`` with everything that would block it.
-
-        Logical slots on the database block ``DROP DATABASE``; active ones are
-        held by a walsender, which is terminated first. Prepared transactions
-        block it too and can only be rolled back from inside the database.
-        ``WITH (FORCE)`` terminates the remaining sessions (on 13+; before,
-        they are terminated one by one).
-        """
-        with self.connection() as conn, conn.cursor() as cur:
-            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,))
-            gids = [row[0] for row in cur.fetchall()]
-            if gids:
-                with self.connection(name) as db_conn, db_conn.cursor() as db_cur:
-                    for gid in gids:
-                        db_cur.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-            for _ in range(50):
-                cur.execute(
-                    "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
-                    (name,),
-                )
-                slots = cur.fetchall()
-                if not slots:
-                    break
-                for slot_name, active_pid in slots:
-                    if active_pid is not None:
-                        _terminate(cur, "SELECT %s", (active_pid,))
-                        continue
-                    try:
-                        cur.execute("SELECT pg_drop_replication_slot(%s)", (slot_name,))
-                    except (psycopg2.errors.ObjectInUse, psycopg2.errors.UndefinedObject):
-                        # Re-acquired or dropped concurrently: the next round sees it.
-                        continue
-            else:
-                raise PostgresSetupError(f"could not drop the replication slots of {name!r}")
-            if conn.server_version >= 130000:
-                cur.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
-                return
-            # PostgreSQL 12 has no FORCE: end the sessions, then drop (a
-            # session that connects in between makes the DROP fail; retried).
-            for _ in range(50):
-                _terminate(
-                    cur,
-                    "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                    (name,),
-                )
-                try:
-                    cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-                    return
-                except psycopg2.errors.ObjectInUse:
-                    continue
-            raise PostgresSetupError(f"could not drop database {name!r}: sessions keep connecting")
+        """Drop ``name`` with everything that would block it (:func:`drop_database`)."""
+        drop_database(self.connection, name)
 
     # --------------------------------------------------------------- lifecycle
 
@@ -837,53 +641,9 @@ class LocalPostgres:
         cluster._cleaned = False
         cluster.cleanup()  # nothing runs any more: only the directories go
 
-    def _atexit_cleanup(self) -> None:
-        """Last-resort cleanup at interpreter exit, only in the creating process.
-
-        A forked child inherits the atexit registration; it must not stop the
-        parent's cluster.
-        """
-        if os.getpid() == self._creator_pid:
-            self.cleanup()
-
-    def __enter__(self) -> Self:
-        """Use the cluster for the length of a ``with`` block."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Stop the server and remove its directories."""
-        self.cleanup()
-
     def __repr__(self) -> str:
         """Where the cluster listens and lives."""
         return f"LocalPostgres(port={self._port}, datadir={str(self.datadir)!r})"
-
-
-def _terminate(cur: Any, pids_sql: str, params: Any) -> None:
-    """Terminate the backends ``pids_sql`` selects and wait (at most 5 s) until they are gone.
-
-    ``pg_terminate_backend(pid, timeout)`` waits by itself from 14 on;
-    before, the wait is a poll of ``pg_stat_activity``.
-    """
-    if cur.connection.server_version >= 140000:
-        cur.execute(f"SELECT pg_terminate_backend(pid, 5000) FROM ({pids_sql}) AS t(pid)", params)
-        return
-    cur.execute(f"SELECT array_agg(pid) FROM ({pids_sql}) AS t(pid)", params)
-    pids = cur.fetchone()[0] or []
-    if not pids:
-        return
-    cur.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS t(pid)", (pids,))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s::int[])", (pids,))
-        if cur.fetchone()[0] == 0:
-            return
-        time.sleep(0.02)
 
 
 def _descends_from(pid: int, ancestor: int, max_depth: int = 4) -> bool:
@@ -892,28 +652,8 @@ def _descends_from(pid: int, ancestor: int, max_depth: int = 4) -> bool:
     for _ in range(max_depth):
         if current == ancestor:
             return True
-        try:
-            stat_line = Path(f"/proc/{current}/stat").read_text(encoding="utf-8")
-        except (FileNotFoundError, ProcessLookupError):
-            return False
-        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-        fields = stat_line.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":
+        fields = proc_stat_fields(current)
+        if fields is None or fields[0] == "Z":
             return False
         current = int(fields[1])
     return current == ancestor
-
-
-def _server_user() -> str | None:
-    """The user to run server commands as: ``postgres`` when we are root, else ourselves."""
-    if os.geteuid() != 0:
-        return None
-    user = os.environ.get("CDCD_PG_USER", "postgres")
-    try:
-        pwd.getpwnam(user)
-    except KeyError:
-        raise PostgresSetupError(
-            f"running as root and there is no {user!r} system user for PostgreSQL "
-            f"(it refuses to run as root); {_INSTALL_HINT}, which creates it"
-        ) from None
-    return user

@@ -34,13 +34,13 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from cdcd.local.postgres import free_port
+from cdcd.tools.local.postgres import free_port
+from cdcd.tools.local.process import Throwaway, pid_alive
 
 __all__ = ["BrokerSetupError", "LocalBroker", "find_tansu"]
 
@@ -102,7 +102,7 @@ def find_tansu() -> Path:
     )
 
 
-class LocalBroker:
+class LocalBroker(Throwaway):
     """One tansu broker process started by this process.
 
     Create it with :meth:`start`; use it as a context manager (or call
@@ -119,15 +119,12 @@ class LocalBroker:
         extra_env: Mapping[str, str],
     ) -> None:
         """Record configuration; use :meth:`start` to create a running broker."""
+        super().__init__(base_dir)
         self._binary = binary
-        self._base = base_dir
         self._storage_engine = storage_engine
         self._extra_env = dict(extra_env)
-        self._port = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._frozen = False
-        self._cleaned = False
-        self._creator_pid = os.getpid()
 
     @classmethod
     def start(
@@ -145,12 +142,7 @@ class LocalBroker:
         path = Path(binary) if binary is not None else find_tansu()
         base = Path(tempfile.mkdtemp(prefix="cdcd-broker-", dir="/tmp"))
         broker = cls(path, base, storage_engine=storage_engine, extra_env=extra_env or {})
-        atexit.register(broker._atexit_cleanup)
-        try:
-            broker._start_on_free_port()
-        except BaseException:
-            broker.cleanup()
-            raise
+        broker._bring_up(broker._start_on_free_port)
         return broker
 
     # ---------------------------------------------------------------- startup
@@ -186,7 +178,7 @@ class LocalBroker:
         env.update(self._extra_env)
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            log.write(f"--- cdcd.local.broker: {' '.join(argv)}\n".encode())
+            log.write(f"--- cdcd.tools.local.broker: {' '.join(argv)}\n".encode())
             log.flush()
             # Own session: a Ctrl-C aimed at `cdcd demo` must not kill the broker
             # before the demo has drained and cleaned up in order.
@@ -251,11 +243,6 @@ class LocalBroker:
         return f"127.0.0.1:{self._port}"
 
     @property
-    def port(self) -> int:
-        """The loopback TCP port the broker listens on."""
-        return self._port
-
-    @property
     def pid(self) -> int | None:
         """PID of the broker process, or ``None`` when it is not running."""
         if self._proc is None or self._proc.poll() is not None:
@@ -271,11 +258,6 @@ class LocalBroker:
     def frozen(self) -> bool:
         """Whether :meth:`freeze` was called without a matching :meth:`thaw`."""
         return self._frozen
-
-    @property
-    def base_dir(self) -> Path:
-        """The broker's temporary directory."""
-        return self._base
 
     @property
     def log_path(self) -> Path:
@@ -399,24 +381,6 @@ class LocalBroker:
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(state["base_dir"], ignore_errors=True)
 
-    def _atexit_cleanup(self) -> None:
-        """Last-resort cleanup at interpreter exit, only in the creating process."""
-        if os.getpid() == self._creator_pid:
-            self.cleanup()
-
-    def __enter__(self) -> Self:
-        """Use the broker for the length of a ``with`` block."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Stop the broker and remove its directory."""
-        self.cleanup()
-
     def __repr__(self) -> str:
         """Where the broker listens."""
         return f"LocalBroker(bootstrap_servers={self.bootstrap_servers!r}, pid={self.pid})"
@@ -431,12 +395,3 @@ def _is_our_broker(pid: int, binary: str, port: int) -> bool:
     return bool(argv) and argv[0].decode(errors="replace") == binary and (
         f"tcp://127.0.0.1:{port}".encode() in argv
     )
-
-
-def pid_alive(pid: int) -> bool:
-    """Running (not gone, not a zombie nobody reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -10,15 +10,18 @@ processes recorded there and removes their directories and the record.
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdcd.local.broker import LocalBroker, pid_alive
-from cdcd.local.postgres import LocalPostgres
+from cdcd.errors import CdcdError, ConfigError
+from cdcd.tools.local.broker import BrokerSetupError, LocalBroker
+from cdcd.tools.local.postgres import LocalPostgres, PostgresSetupError
+from cdcd.tools.local.process import pid_alive
 
-__all__ = ["DATABASE", "Kept", "down", "up"]
+__all__ = ["DATABASE", "Kept", "cmd_local", "down", "up"]
 
 DATABASE = "app"
 STATE_FILE = "local.json"
@@ -104,3 +107,33 @@ def down(directory: Path) -> bool:
     state_path.unlink()
     (directory / CONFIG_FILE).unlink(missing_ok=True)
     return True
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """``cdcd local up|down [--dir DIR]``: see the module docstring."""
+    directory = Path(args.dir)
+    if args.action == "down":
+        if not down(directory):
+            raise ConfigError(
+                f"nothing to stop: {directory} holds no servers started by 'cdcd local up'",
+                hint="pass the --dir given to 'cdcd local up'",
+            )
+        print(f"stopped the local PostgreSQL and broker of {directory}, removed their data")
+        return 0
+    try:
+        kept = up(directory)
+    except AlreadyUp as exc:
+        raise ConfigError(str(exc), hint=f"'cdcd local down --dir {directory}' first") from exc
+    except (PostgresSetupError, BrokerSetupError) as exc:
+        raise CdcdError(f"cdcd local: {exc}") from exc
+    print(f"PostgreSQL {kept.version}: {kept.dsn}")
+    print(f"Kafka-compatible broker (in memory): {kept.bootstrap_servers}")
+    print(f"Both keep running. Configuration for them, written to {kept.config_path}:")
+    print()
+    print(kept.config_text)
+    print("Next: create your tables (psql \"" + kept.dsn + "\"), then")
+    print(f"  cdcd check -c {kept.config_path} && cdcd run -c {kept.config_path}")
+    print(f"  cdcd tail -c {kept.config_path} --from beginning    # in another terminal")
+    print(f"Stop both and remove their data: cdcd local down --dir {directory}")
+    return 0
+

@@ -1,0 +1,193 @@
+"""What the server can do with no cdcd at all: the ceilings cdcd is compared with.
+
+``pg_recvlogical`` draining the slot, the server decoding with no client (a
+peek on a copy of the slot) and ``COPY … TO STDOUT`` of the loaded table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdcd.errors import DefiniteError
+from cdcd.tools.bench.cpu import BackendCpu, backend_cpu_s, backend_pid
+from cdcd.tools.bench.workload import (
+    CEILING_SLOT,
+    PEEK_SLOT,
+    PGOUTPUT_OPTIONS,
+    SCHEMA,
+    SLOT_PID_SQL,
+    connect,
+    drop_slot,
+)
+
+
+def recvlogical_ceiling(dsn: str, bindir: Path, end_lsn: int) -> tuple[float, float]:
+    """pg_recvlogical to /dev/null up to ``end_lsn``: (seconds, walsender CPU seconds)."""
+    binary = bindir / "pg_recvlogical"
+    if not binary.exists():
+        found = shutil.which("pg_recvlogical")
+        if found is None:
+            raise DefiniteError("pg_recvlogical not found", hint="install postgresql-15")
+        binary = Path(found)
+    end = f"{end_lsn >> 32:X}/{end_lsn & 0xFFFFFFFF:X}"
+    options = [arg for name, value in PGOUTPUT_OPTIONS for arg in ("-o", f"{name}={value}")]
+    argv = [
+        str(binary), "--dbname", dsn, "--slot", CEILING_SLOT, "--start", "--no-loop",
+        *options, "--endpos", end, "-f", "/dev/null",
+    ]  # fmt: skip
+    with BackendCpu(dsn, SLOT_PID_SQL, (CEILING_SLOT,)) as walsender:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        _, stderr = process.communicate()
+        elapsed = time.monotonic() - started
+    if process.returncode != 0:
+        raise DefiniteError(f"pg_recvlogical failed: {stderr.strip()}")
+    if not walsender.pids:
+        raise DefiniteError("the walsender serving pg_recvlogical was not found")
+    return elapsed, walsender.cpu_s()
+
+@dataclass
+class Decode:
+    seconds: float
+    server_cpu_s: float
+    messages: int
+
+
+def decode_ceiling(dsn: str, end_lsn: int, rows: int) -> Decode:
+    """The server decoding the load with no client: a peek on the copy of the slot.
+
+    ``pg_logical_slot_peek_binary_changes`` decodes in the backend that calls
+    it (same pgoutput options as ``pg_recvlogical``) into a tuplestore, and
+    ``count(*)`` reads that back: no network, no client, nothing confirmed.
+    """
+    conn = connect(dsn)
+    try:
+        pid = backend_pid(conn)
+        end = f"{end_lsn >> 32:X}/{end_lsn & 0xFFFFFFFF:X}"
+        options = [item for pair in PGOUTPUT_OPTIONS for item in pair]
+        placeholders = ", ".join(["%s"] * len(options))
+        sql = (
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
+            f"%s, %s::pg_lsn, NULL, {placeholders})"
+        )
+        with conn.cursor() as cur:
+            cpu_start = backend_cpu_s(pid)
+            started = time.monotonic()
+            cur.execute(sql, (PEEK_SLOT, end, *options))
+            messages = int(cur.fetchone()[0])
+            elapsed = time.monotonic() - started
+            cpu = backend_cpu_s(pid) - cpu_start
+    finally:
+        # The copy holds WAL back for as long as it exists: never leave it.
+        drop_slot(conn, PEEK_SLOT)
+        conn.close()
+    # BEGIN, one INSERT per row, COMMIT, and the RELATION: fewer means the
+    # peek stopped short of the load and its rate would flatter the server.
+    if messages < rows:
+        raise DefiniteError(f"the peek decoded {messages} messages for {rows} rows")
+    return Decode(elapsed, cpu, messages)
+
+
+@dataclass
+class Copy:
+    seconds: float
+    server_cpu_s: float
+    rows: int
+
+
+def copy_ceiling(dsn: str, connections: int) -> Copy:
+    """``COPY … TO STDOUT`` of the whole table over ``connections`` connections, to /dev/null.
+
+    Each connection copies one contiguous range of ``id`` (the whole table
+    when there is one) from a client process of its own (``copy_worker``),
+    so that no client shares an interpreter lock with another; all start
+    together, and the time is until the last one ends. The server CPU is that
+    of the backends that copied, read from /proc before and after (exact).
+    """
+    conn = connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT min(id), max(id) FROM {SCHEMA}.orders")
+            low, high = (int(v or 0) for v in cur.fetchone())
+    finally:
+        conn.close()
+    step = (high - low + connections) // connections
+    columns = "id, customer_id, status, amount, created_at, note, flags, payload"
+    statements = [
+        f"COPY {SCHEMA}.orders TO STDOUT"
+        if connections == 1
+        else f"COPY (SELECT {columns} FROM {SCHEMA}.orders "
+        f"WHERE id >= {low + i * step} AND id < {low + (i + 1) * step}) TO STDOUT"
+        for i in range(connections)
+    ]
+    argv = [sys.executable, "-c", "from cdcd.tools.bench.ceilings import copy_worker; copy_worker()"]
+    workers = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in statements
+    ]
+    try:
+        for worker, statement in zip(workers, statements, strict=True):
+            _tell(worker, json.dumps({"dsn": dsn, "statement": statement}))
+        pids = [int(_hear(worker)) for worker in workers]
+        cpu_start = sum(backend_cpu_s(pid) for pid in pids)
+        started = time.monotonic()
+        for worker in workers:
+            _tell(worker, "go")
+        copied = sum(int(_hear(worker)) for worker in workers)
+        elapsed = time.monotonic() - started
+        cpu = sum(backend_cpu_s(pid) for pid in pids) - cpu_start
+    finally:
+        for worker in workers:
+            if worker.stdin is not None:
+                worker.stdin.close()  # the worker closes its connection and exits
+        for worker in workers:
+            worker.wait(60)
+    failed = [w.returncode for w in workers if w.returncode != 0]
+    if failed:
+        raise DefiniteError(f"a COPY client exited with {failed[0]}")
+    return Copy(elapsed, cpu, copied)
+
+
+def _tell(worker: subprocess.Popen[str], line: str) -> None:
+    assert worker.stdin is not None
+    worker.stdin.write(line + "\n")
+    worker.stdin.flush()
+
+
+def _hear(worker: subprocess.Popen[str]) -> str:
+    assert worker.stdout is not None
+    line = worker.stdout.readline()
+    if not line:
+        worker.wait(60)
+        raise DefiniteError(f"a COPY client exited with {worker.returncode} before it answered")
+    return line.strip()
+
+
+def copy_worker() -> None:
+    """One client of the ``COPY`` ceiling, driven over stdin/stdout by ``copy_ceiling``.
+
+    Reads ``{"dsn", "statement"}``, connects and prints its backend's pid;
+    on ``go`` copies into a buffered /dev/null (about as little as a client
+    can do with a row) and prints the rows copied; closes at end of input.
+    """
+    request = json.loads(sys.stdin.readline())
+    conn = connect(request["dsn"])
+    try:
+        print(backend_pid(conn), flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return
+        with open(os.devnull, "wb") as sink, conn.cursor() as cur:
+            cur.copy_expert(request["statement"], sink, size=1 << 20)
+            print(cur.rowcount, flush=True)
+        sys.stdin.read()
+    finally:
+        conn.close()

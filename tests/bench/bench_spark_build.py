@@ -1,0 +1,223 @@
+"""The driver's memory for an initial build, with and without the executors writing (issue 28).
+
+Run: ``.venv/bin/python -m tests.bench.bench_spark_build [--rows 1000000] [--dir D]
+[--modes driver executors]``. Not a test, and not run by the suite.
+
+One micro-batch holds the snapshot of an ``orders``-like table (bigint key,
+int, text, numeric(12,2), timestamptz, a 32-character text): ``--rows``
+snapshot reads on 4 Kafka partitions, encoded by the daemon's own encoder
+(:mod:`spark.envelopes`) and stored once as the ``cdcd-kafka`` source's raw
+rows in Parquet (``D/raw-<rows>``, kept between runs), so that the Kafka
+read is not measured and the raw rows never pass through the driver. Each
+mode then runs in a fresh process with a ``local[2]`` session:
+:meth:`cdcd.spark.mirror.MirrorJob.process` of the whole batch, the way
+``foreachBatch`` calls it.
+
+* ``driver``: ``bulk_rows=None``, today's path before issue 28's last step
+  -- the executors decode and reduce, the driver collects the reduced rows
+  (``toArrow``), applies and writes them;
+* ``executors``: the default ``bulk_rows`` -- the executors write the data
+  files, the driver commits their add actions (:mod:`cdcd.spark.bulk`).
+
+Both modes run with ``spark.driver.memory=4g`` and
+``spark.driver.maxResultSize=0``: with Spark's defaults (1 GB each) the
+``driver`` mode cannot collect a multi-million-row snapshot at all.
+
+Printed per mode, for the batch: wall seconds; CPU seconds of the whole
+process tree (driver, JVM, Python workers, from ``/proc``); the Python driver's peak RSS (``VmHWM``) and the
+peak of its Arrow memory pool; the JVM's peak RSS; rows in the table (read
+back) and its data files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PARTITIONS = 4
+CHUNK = 100_000
+
+
+def _generate(rows: int, target: Path) -> None:
+    """The raw Kafka rows of ``rows`` snapshot reads, one Parquet file per partition chunk."""
+    from spark.envelopes import EnvelopeFactory, kafka_batch, table_version
+
+    from bench.bench_spark_decode import ORDERS
+
+    table = table_version("public", "orders", ORDERS[:6])  # without flags and payload
+    target.mkdir(parents=True)
+    factory = EnvelopeFactory(partitions=PARTITIONS)
+    for start in range(0, rows, CHUNK):
+        factory.messages.clear()
+        for i in range(start, min(start + CHUNK, rows)):
+            factory.change(
+                table,
+                "r",
+                after=[
+                    i,
+                    i * 7 % 10_000,
+                    "shipped" if i % 3 else "new",
+                    f"{i % 100_000 / 100:.2f}",
+                    "2026-01-01 00:00:00+00",
+                    f"{i * 2654435761 & 0xFFFFFFFF:08x}" * 4,
+                ],
+                lsn=1000,
+                seq=i,
+                partition=i % PARTITIONS,
+            )
+        pq.write_table(
+            pa.Table.from_batches([kafka_batch(factory.messages)]),
+            target / f"chunk-{start // CHUNK:05d}.parquet",
+        )
+    (target / "schemas.json").write_text(json.dumps(factory.published))
+
+
+def _status_mb(pid: int | str, field: str) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and its live descendants (with what they reaped)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15]) / tick
+    total = 0.0
+    for pid, cpu in times.items():
+        walk = pid
+        while walk > 1 and walk != root:
+            walk = parents.get(walk, 0)
+        if walk == root:
+            total += cpu
+    return total
+
+
+def _build(raw_dir: Path, output: Path, mode: str) -> dict[str, Any]:
+    """One build in this process (the mode's child)."""
+    from cdcd.consumer import SchemaCatalog, fingerprint_header
+    from cdcd.spark import bulk
+    from cdcd.spark.cli import build_session
+    from cdcd.spark.mirror import MirrorJob, MirrorStore, read_mirror
+
+    catalog = SchemaCatalog("pg")
+    for fingerprint, text in json.loads((raw_dir / "schemas.json").read_text()).items():
+        catalog.add(fingerprint_header(fingerprint), json.loads(text))
+    catalog.refresh = lambda: None  # type: ignore[method-assign]  # no broker: all schemas known
+    # The same settings for both modes; the driver mode needs both to collect a
+    # whole snapshot (its results pass the JVM's heap and the 1 GB result cap).
+    spark = build_session(
+        "bench-spark-build",
+        master="local[2]",
+        conf={"spark.driver.memory": "4g", "spark.driver.maxResultSize": "0"},
+    )
+    jvm_pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
+    raw = spark.read.parquet(*sorted(str(p) for p in raw_dir.glob("*.parquet")))
+    store = MirrorStore(output)
+    store.open()
+    job = MirrorJob(store, catalog, bulk_rows=None if mode == "driver" else bulk.BULK_ROWS)
+    job.ready.set()
+    cpu_before = _tree_cpu_s(os.getpid())
+    started = time.monotonic()
+    report = job.process(raw, 0)
+    wall = time.monotonic() - started
+    result = {
+        "wall_s": wall,
+        "cpu_s": _tree_cpu_s(os.getpid()) - cpu_before,
+        "driver_peak_rss_mb": _status_mb("self", "VmHWM"),
+        "driver_arrow_peak_mb": pa.default_memory_pool().max_memory() / 2**20,
+        "jvm_peak_rss_mb": _status_mb(jvm_pid, "VmHWM"),
+        "changes": report.changes,
+    }
+    spark.stop()
+    table = output / "public.orders"
+    result["rows"] = read_mirror(str(table)).num_rows
+    from deltalake import DeltaTable
+
+    result["files"] = len(DeltaTable(str(table)).file_uris())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--dir", type=Path, default=None, help="raw rows are kept here")
+    parser.add_argument("--modes", nargs="+", default=["driver", "executors"])
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        raw_dir, output, mode = args.child
+        print(json.dumps(_build(Path(raw_dir), Path(output), mode)), flush=True)
+        return
+    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} load={os.getloadavg()}")
+    base = args.dir or Path(tempfile.mkdtemp(prefix="bench-spark-build-"))
+    raw_dir = base / f"raw-{args.rows}"
+    if not (raw_dir / "schemas.json").exists():
+        shutil.rmtree(raw_dir, ignore_errors=True)
+        started = time.monotonic()
+        _generate(args.rows, raw_dir)
+        print(f"generated {args.rows:,} raw rows in {time.monotonic() - started:.0f} s", flush=True)
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    for mode in args.modes:
+        output = base / f"mirror-{mode}"
+        shutil.rmtree(output, ignore_errors=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tests.bench.bench_spark_build",
+                "--child",
+                str(raw_dir),
+                str(output),
+                mode,
+            ],  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            print(f"{mode}: failed\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}", flush=True)
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        print(
+            f"rows={args.rows:>10,} mode={mode:9} batch {result['wall_s']:7.1f} s wall, "
+            f"{result['cpu_s']:7.1f} CPU-s (driver, JVM, workers); "
+            f"driver peak RSS {result['driver_peak_rss_mb']:7.0f} MB, "
+            f"driver Arrow peak {result['driver_arrow_peak_mb']:7.0f} MB, "
+            f"JVM peak RSS {result['jvm_peak_rss_mb']:7.0f} MB; "
+            f"{result['rows']:,} rows in {result['files']} files",
+            flush=True,
+        )
+        shutil.rmtree(output, ignore_errors=True)
+    if args.dir is None:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also keep every version of every row (SCD type 2) in DIR/<schema>.<table>/_history",
     )  # fmt: skip
     mirror.add_argument(
+        "--bulk-rows", type=int, default=None, metavar="N",
+        help="a batch bringing a table at least N new rows is written by the Spark executors, "
+        "not collected to the driver (default 100000; 0: never)",
+    )  # fmt: skip
+    mirror.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="a delta-rs storage option for an object-store --output (repeatable)",
     )  # fmt: skip

@@ -159,6 +159,21 @@ def registry_error(exc: Exception, what: str) -> CdcdError | None:
     return DefiniteError(f"the schema registry rejected the lookup of {what}: {exc}")
 
 
+# ----------------------------------------------------------------------------- topics
+
+
+def list_topics(consumer: Consumer, bootstrap_servers: str, timeout_s: float) -> Any:
+    """The cluster's topic metadata; a broker that does not answer in time is transient."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return consumer.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise TransientError(
+            f"cannot list topics at {bootstrap_servers} within {timeout_s:g} s: {exc}"
+        ) from exc
+
+
 # ----------------------------------------------------------------------------- catalog
 
 

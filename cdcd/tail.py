@@ -42,8 +42,8 @@ from typing import Any, TextIO, TypeVar
 
 from cdcd.config.kafka_client import connection_properties
 from cdcd.config.model import CdcdConfig, load_config
-from cdcd.consumer import SchemaCatalog
-from cdcd.errors import ConfigError, DefiniteError, TransientError
+from cdcd.consumer import SchemaCatalog, list_topics
+from cdcd.errors import ConfigError, DefiniteError
 from cdcd.naming import (
     LSN_HEADER,
     SEQ_HEADER,
@@ -332,14 +332,9 @@ class TopicReader:
 
     def discover(self) -> None:
         """Assign the partitions of table topics not assigned yet (topics appear as cdcd writes)."""
-        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        try:
-            metadata = self._consumer.list_topics(timeout=TIMEOUT_S)
-        except KafkaException as exc:
-            raise TransientError(
-                f"cannot list topics at {self._config.kafka.bootstrap_servers}: {exc}"
-            ) from exc
+        metadata = list_topics(self._consumer, self._config.kafka.bootstrap_servers, TIMEOUT_S)
         new = []
         # A topic that appears later (a table's first change) is new from its beginning.
         from_end = self._from_end and not self._looked

@@ -77,6 +77,15 @@ def _assert_ceilings(data: dict[str, Any]) -> None:
     assert snap["cpu_ratio_copy_server"] == pytest.approx(
         snap["cdcd_cpu_us_per_row"] / snap["copy_server_cpu_us_per_row"], rel=0.02
     )
+    # The bare Kafka client, and cdcd's CPU per row against it (stream and snapshot).
+    kafka_us = data["kafka_client_cpu_us_per_msg"]
+    assert kafka_us > 0 and data["kafka_client_msgs_per_s"] > 0
+    assert data["kafka_client_message_bytes"]["value"] > 0
+    assert data["cpu_ratio_kafka_client"] == pytest.approx(data["cdcd_cpu_us_per_row"] / kafka_us,
+                                                           rel=0.02)
+    assert snap["cpu_ratio_kafka_client"] == pytest.approx(snap["cdcd_cpu_us_per_row"] / kafka_us,
+                                                           rel=0.02)
+    assert snap["processes"] == 0 and snap["workers_peak_rss_mb"] == []
 
 
 def _assert_synchronous_section(sync: dict[str, Any], seconds: float) -> None:
@@ -103,3 +112,20 @@ def test_bench_only_synchronous() -> None:
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(data) == {"synchronous", "native"}
     _assert_synchronous_section(data["synchronous"], seconds=0.5)
+
+
+@pytest.mark.slow
+def test_bench_snapshot_with_worker_processes() -> None:
+    """``--snapshot-processes 2``: the snapshot read by two worker processes, measured as
+    such (their CPU in cdcd's, their memory), against COPY on two connections."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cdcd", "bench", "--json", "--rows", "20000", "--big-rows", "20000",
+         "--latency-seconds", "1", "--offered-rows-per-s", "2000", "--no-synchronous",
+         "--snapshot-processes", "2"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    snap = json.loads(result.stdout.strip().splitlines()[-1])["snapshot"]
+    assert snap["processes"] == 2 and snap["connections"] == 2
+    assert 0 < snap["workers_cpu_us_per_row"] <= snap["cdcd_cpu_us_per_row"]
+    assert len(snap["workers_peak_rss_mb"]) == 2 and min(snap["workers_peak_rss_mb"]) > 10

@@ -8,9 +8,10 @@ with spaces or quotes reads back exactly. Validation errors are turned into one
 ``ConfigError`` line naming the field, an unknown key first with the nearest
 known key (exit code 2). Secrets (the DSN password, SASL/SSL passwords and
 keys, registry credentials) are masked by ``redacted()`` wherever
-configuration is printed or logged; those of ``kafka.producer`` and
-``schema_registry.config`` are held as ``SecretStr`` besides
-(:mod:`cdcd.config.secrets`), so no repr of the configuration shows them.
+configuration is printed or logged. ``postgres.dsn`` and the secrets of
+``kafka.producer`` and ``schema_registry.config`` are held as ``SecretStr``
+besides (:mod:`cdcd.config.secrets`), so no repr of the configuration shows
+them: a client takes the text out explicitly (``dsn.get_secret_value()``).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ TableEntry = Annotated[
 
 
 class PostgresConfig(_Model):
-    dsn: str = Field(
+    dsn: SecretStr = Field(
         description="libpq connection string of the primary (keyword or URI form); a ${VAR} in "
         "a value is quoted (keyword form) or percent-encoded (URI) so any password reads back "
         "exactly, e.g. password=${PGPASSWORD}"
@@ -332,6 +333,15 @@ class SnapshotConfig(_Model):
     )
     chunk_rows: int = Field(10_000, ge=1, description="rows per snapshot chunk")
     parallelism: int = Field(2, ge=1, le=32, description="connections reading the snapshot")
+    processes: int = Field(
+        0,
+        ge=0,
+        le=32,
+        description="0: the initial snapshot is read by threads of the daemon (parallelism "
+        "connections); N: by N worker processes, each with its own connection importing the "
+        "exported snapshot and its own Kafka producer, for more than one core "
+        "(docs/snapshots.md)",
+    )
     signal_table: str = Field("cdcd_signal", description="table polled for incremental snapshots")
 
 
@@ -436,7 +446,7 @@ class CdcdConfig(_Model):
     def redacted(self) -> dict[str, Any]:
         """The configuration as a dict with every secret masked."""
         data = self.model_dump()
-        data["postgres"]["dsn"] = redact_dsn(self.postgres.dsn)
+        data["postgres"]["dsn"] = redact_dsn(self.postgres.dsn.get_secret_value())
         producer = data["kafka"]["producer"]
         for key in producer:
             if is_secret_key(key, PRODUCER_SECRET_KEYS):

@@ -66,8 +66,8 @@ def failover_readiness(config: CdcdConfig, db: SourceDatabase) -> Iterator[Findi
     pg = config.postgres
     if not pg.failover or not has_failover_slots(db.server_version):
         return  # the plan's failover step refuses a server without failover slots
-    servers = dsn_servers(pg.dsn)
-    attrs = parse_dsn(pg.dsn).get("target_session_attrs", "any")
+    servers = dsn_servers(pg.dsn.get_secret_value())
+    attrs = parse_dsn(pg.dsn.get_secret_value()).get("target_session_attrs", "any")
     if len(servers) < 2:
         yield Finding(
             False,
@@ -148,7 +148,7 @@ def failover_readiness(config: CdcdConfig, db: SourceDatabase) -> Iterator[Findi
         if where == here:
             continue
         yield from _standby_checks(
-            config, server_dsn(pg.dsn, index), where, physical, standby_slots, primary_slot,
+            config, server_dsn(pg.dsn.get_secret_value(), index), where, physical, standby_slots, primary_slot,
             checked, _identity(db),
         )
     for app, address, slot in db.query(

@@ -102,11 +102,11 @@ def real_parts(config: CdcdConfig, client_id: str = "cdcd") -> SessionParts:
     pg, kafka = config.postgres, config.kafka
 
     def database() -> SourceDatabase:
-        return SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s)
+        return SourceDatabase(pg.dsn.get_secret_value(), timeout_s=pg.connect_timeout_s)
 
     def stream() -> Stream:
         return ReplicationStream(
-            pg.dsn,
+            pg.dsn.get_secret_value(),
             pg.slot,
             pg.publication,
             pg.protocol_version,

@@ -38,7 +38,6 @@ from cdcd.decode.relations import TableVersion
 from cdcd.envelope.encoder import (
     OP_CREATE,
     OP_DELETE,
-    OP_READ,
     OP_TRUNCATE,
     OP_UPDATE,
     EnvelopeEncoder,
@@ -577,34 +576,6 @@ class Publisher:
         """The encoder of a snapshot table version (creates its topic); None if not captured."""
         return self._table(table)
 
-    def snapshot_chunk(
-        self,
-        encoder: TableEncoder,
-        rows: list[TupleData],
-        lsn: Lsn,
-        commit_ts_ms: int,
-        seq: int,
-    ) -> tuple[TxnTicket, int]:
-        """Publish rows of the initial snapshot in a ticket of their own, sealed at ``lsn``.
-
-        Every row is an ``r`` envelope with ``source.snapshot`` true, headers
-        ``cdcd.lsn`` = ``lsn`` (the slot's consistent point) and ``cdcd.seq``
-        from ``seq`` on. Returns the ticket and the next seq.
-        """
-        if self._ticket is not None:
-            raise DefiniteError("snapshot rows inside a transaction", hint="this is a bug; report it")
-        self._ticket = self._tracker.open(commit_ts=None)
-        self._stamp = make_stamp(0, lsn, commit_ts_ms, snapshot=True)
-        self._seq = seq
-        try:
-            self._produce_reads(encoder, rows, None)
-            ticket = self._ticket
-            ticket.seal(lsn)
-            return ticket, self._seq
-        finally:
-            self._ticket = None
-            self._stamp = None
-
     def snapshot_messages(self, topic: str, messages: list[Message], lsn: Lsn) -> TxnTicket:
         """Produce encoded initial-snapshot reads in a ticket of their own, sealed at ``lsn``.
 
@@ -642,29 +613,13 @@ class Publisher:
         except DefiniteError as exc:
             raise DefiniteError(f"{exc.args[0]} (snapshot at LSN {lsn})", hint=exc.hint) from exc
 
-    def snapshot_in_transaction(
-        self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
-    ) -> tuple[TxnTicket, int]:
-        """Publish a chunk inside the current (high watermark) transaction.
-
-        Rows whose key (without header) is in ``skip`` are left out: the
-        stream changed them while the chunk was read. Returns the
-        transaction's ticket and how many rows were published.
-        """
-        ticket, stamp = self._ticket, self._stamp
-        if ticket is None or stamp is None:
-            raise DefiniteError("snapshot chunk outside a transaction", hint="this is a bug; report it")
-        self._stamp = make_stamp(stamp.xid, stamp.lsn, stamp.commit_ts_ms, snapshot=True)
-        try:
-            sent = self._produce_reads(encoder, rows, skip)
-        finally:
-            self._stamp = stamp
-        return ticket, sent
-
     def snapshot_copy_in_transaction(
         self, encoder: TableEncoder, data: bytes, skip: set[bytes] | None
     ) -> tuple[TxnTicket, int]:
-        """:meth:`snapshot_in_transaction` of a chunk as COPY text, encoded here in one call.
+        """Publish a chunk of COPY text inside the current (high watermark) transaction.
+
+        Rows whose key (without header) is in ``skip`` are left out: the
+        stream changed them while the chunk was read.
 
         The rows are encoded with consecutive ``cdcd.seq`` from the
         transaction's next one; a row left out (its key in ``skip``) leaves
@@ -697,36 +652,3 @@ class Publisher:
         if self._ticket is None or stamp is None:
             raise DefiniteError("snapshot truncate outside a transaction", hint="this is a bug; report it")
         self._send(encoder.topic, None, encoder.envelope(OP_TRUNCATE, None, None, stamp, self._seq))
-
-    def _produce_reads(
-        self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
-    ) -> int:
-        ticket, stamp = self._ticket, self._stamp
-        assert ticket is not None and stamp is not None
-        if skip:
-            start = len(encoder.key_header)
-            key_of = encoder.key
-            rows = [r for r in rows if (k := key_of(r, stamp)) is None or k[start:] not in skip]
-        # Counted up front (one call per chunk): should produce() fail half-way,
-        # the ticket stays incomplete, which is what the tracker needs.
-        ticket.add(len(rows))
-        on_delivery = ticket.on_delivery
-        produce = self._producer.produce
-        topic = encoder.topic
-        change = encoder.encode_change
-        lsn_header = (LSN_HEADER, stamp.lsn_header)
-        seq = self._seq
-        try:
-            for row in rows:
-                key, value = change(OP_READ, None, row, stamp, seq)
-                seq_header = _SEQ_HEADERS[seq] if seq < _SEQ_CACHED else _seq_header(seq)
-                produce(topic, key, value, [lsn_header, seq_header], on_delivery)
-                seq += 1
-        except DefiniteError as exc:
-            raise DefiniteError(
-                f"{exc.args[0]} (snapshot of {encoder.table.qualified_name} at LSN {stamp.lsn})",
-                hint=exc.hint,
-            ) from exc
-        finally:
-            self._seq = seq
-        return len(rows)

@@ -10,16 +10,15 @@ Creating a new slot then would skip that gap without a trace, so ``cdcd run``
 never does: it stops with exit code 3 and one line naming the cause and
 ``cdcd resync``.
 
-How ``run`` knows that a missing slot was used before: the signal table
-(``cdcd.snapshot.store``) keeps one record per slot, ``slot:<slot>``
-(type ``slot-state``), written once cdcd has the slot and streams from it.
-The table lives in the source database, so a promoted standby has the record
-too. A missing slot with a record is lost; a missing slot without one is a
-first start (created if ``create_slot``). Without a usable signal table
-(``schema_changes.resnapshot: never``, ``snapshot.mode: never`` and none
-created) a dropped slot cannot be told from a first start.
+How ``run`` knows that a missing slot was used before: the slot record in
+the signal table (``cdcd.pipeline.slot_record``).
 
-``cdcd resync -c FILE``, with the daemon stopped:
+``cdcd resync -c FILE``, with the daemon stopped, first runs the steps of
+``run``'s startup plan that it depends on (``cdcd.pipeline.startup``: the
+connection, the server's settings, the role's privileges, the protocol and
+failover support, the publication, and Kafka when there are tables), so it
+refuses what ``run`` refuses with the same words, before it changes anything.
+Then it:
 
 1. marks the record ``resyncing`` (a daemon started meanwhile refuses to
    stream, and so does one started after an interrupted resync);
@@ -49,17 +48,17 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
 from cdcd.ack.tracker import AckTracker
 from cdcd.config.model import CdcdConfig
 from cdcd.envelope.encoder import EnvelopeEncoder
 from cdcd.errors import DefiniteError, TransientError
 from cdcd.naming import format_table, split_table
-from cdcd.pipeline.parts import real_parts, wire_format
+from cdcd.pipeline.parts import SessionParts, real_parts, wire_format
 from cdcd.pipeline.publisher import Publisher
 from cdcd.pipeline.schema_changes import SchemaChanges
+from cdcd.pipeline.slot_record import IN_USE, RESYNCING, write_record
+from cdcd.pipeline.startup import Startup, execute, sub_plan
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Truncate
 from cdcd.sink.topics import topic_spec
@@ -68,141 +67,28 @@ from cdcd.snapshot.store import CANCELLED, PENDING, RESYNC_JOB_PREFIX, RUNNING, 
 from cdcd.source.catalog import PgCatalog
 from cdcd.source.database import SourceDatabase
 from cdcd.source.slot_holder import slot_holder
-from cdcd.source.slots import RESYNC_HINT, SlotInfo, SlotLostError
-from cdcd.source.versions import require_failover, require_protocol
 
-__all__ = [
-    "SLOT_RECORD_TYPE",
-    "ResyncResult",
-    "check_slot",
-    "remember_slot",
-    "resync",
-    "slot_record",
-]
+__all__ = ["ResyncResult", "resync"]
 
 log = logging.getLogger("cdcd.resync")
 
-#: Signal-table rows that record a slot cdcd streams from (status done: never a job).
-SLOT_RECORD_TYPE = "slot-state"
-IN_USE = "in-use"
-RESYNCING = "resyncing"
+#: The steps of ``run``'s startup plan that resync depends on, before it changes anything.
+RESYNC_CHECKS = sub_plan(
+    "connect",
+    "server",
+    "privileges",
+    "protocol",
+    "failover",
+    "signal table name",
+    "shared publication",
+    "publication",
+)
+#: Kafka, checked as ``run`` checks it, when there are truncates to publish.
+KAFKA_CHECK = sub_plan("kafka")
 #: How long resync waits for Kafka to acknowledge the truncates.
 _DELIVERY_TIMEOUT_S = 60.0
 #: PostgreSQL timestamps count microseconds from 2000-01-01.
 _PG_EPOCH_US = 946_684_800 * 1_000_000
-
-
-def _record_id(slot: str) -> str:
-    return f"slot:{slot}"
-
-
-def slot_record(signals: SignalTable | None, slot: str) -> dict[str, Any] | None:
-    """The record of ``slot`` in the signal table, or None (no record, or no table)."""
-    if signals is None or not signals.exists():
-        return None
-    wanted = _record_id(slot)
-    try:
-        signals.check_layout()
-        records = signals.records(SLOT_RECORD_TYPE, wanted)
-    except DefiniteError as exc:
-        # A table of another layout, or one this user may not read: the
-        # session and check say so elsewhere; here it only costs the record.
-        log.warning(
-            "cannot read the record of slot %s in %s (%s): a missing slot would look like a "
-            "first start",
-            slot,
-            signals.name,
-            exc,
-            extra={"slot": slot},
-        )
-        return None
-    for record_id, data in records:
-        if record_id == wanted and isinstance(data, dict):
-            return data
-    return None
-
-
-def _write_record(
-    signals: SignalTable,
-    slot: str,
-    state: str,
-    info: SlotInfo | None,
-    job: tuple[str, Any] | None = None,
-) -> None:
-    data = {
-        "slot": slot,
-        "state": state,
-        "since": datetime.now(UTC).isoformat(timespec="seconds"),
-        "lsn": str(info.confirmed_flush_lsn) if info and info.confirmed_flush_lsn else None,
-        "failover": bool(info and info.failover),
-    }
-    signals.record(_record_id(slot), SLOT_RECORD_TYPE, data, job)
-
-
-def remember_slot(signals: SignalTable | None, info: SlotInfo) -> None:
-    """Record that cdcd streams from this slot (once; ``run`` after the slot is verified)."""
-    if signals is None:
-        return
-    record = slot_record(signals, info.name)
-    if record is None or record.get("state") != IN_USE:
-        try:
-            _write_record(signals, info.name, IN_USE, info)
-        except DefiniteError as exc:
-            # Streaming does not need it; only telling a lost slot from a new one does.
-            log.warning(
-                "cannot record slot %s in %s (%s): should the slot go missing, cdcd could not "
-                "tell it from a first start",
-                info.name,
-                signals.name,
-                exc,
-                extra={"slot": info.name},
-            )
-            return
-        log.info(
-            "recorded slot %s in %s: should it ever be missing, cdcd stops instead of "
-            "skipping what it missed",
-            info.name,
-            signals.name,
-            extra={"slot": info.name},
-        )
-
-
-def _server(db: SourceDatabase) -> str:
-    """Where this connection went (with a multi-host DSN, the host libpq chose)."""
-    info = db.conn.info
-    return f"{info.host}:{info.port}"
-
-
-def check_slot(db: SourceDatabase, signals: SignalTable | None, slot: str) -> SlotInfo | None:
-    """The slot if it is usable or absent for good reason; raises ``SlotLostError`` otherwise.
-
-    Lost: invalidated by the server, missing although the signal table
-    records that cdcd used it, or a resync that did not finish.
-    """
-    info = db.slot_info(slot)
-    record = slot_record(signals, slot)
-    if record is not None and record.get("state") == RESYNCING:
-        raise SlotLostError(
-            f"a resync of replication slot {slot} started at {record.get('since')} did not "
-            "finish (recorded in the signal table), so consumers may lack what it was to send",
-            hint="run 'cdcd resync -c <this config file>' again",
-        )
-    if info is not None:
-        if info.invalidated:
-            raise db.lost_slot_error(info)
-        return info
-    if record is not None:
-        position = f" at {record['lsn']}" if record.get("lsn") else ""
-        raise SlotLostError(
-            f"replication slot {slot} is missing on the server cdcd connected to "
-            f"({_server(db)}), but cdcd streamed from it before (recorded since "
-            f"{record.get('since')}{position} in {signals.name if signals else 'the signal table'}):"
-            " it was dropped, or this server was promoted without it (a failover slot on "
-            "synchronized standbys survives a promotion: postgres.failover); the changes "
-            "made since cdcd last confirmed cannot be streamed",
-            hint=RESYNC_HINT,
-        )
-    return None
 
 
 # ----------------------------------------------------------------------------- resync
@@ -219,26 +105,21 @@ class ResyncResult:
     signal_table: str
 
 
-def _captured(config: CdcdConfig, db: SourceDatabase, signals: SignalTable) -> list[str]:
-    pg = config.postgres
-    if pg.table_names:
-        names = db.resolve_tables(pg, exclude=[(signals.schema, signals.table)])
-    else:
-        names = db.publication_tables(pg.publication)
-    return [format_table(s, t) for s, t in names if (s, t) != (signals.schema, signals.table)]
-
-
 def resync(config: CdcdConfig) -> ResyncResult:
     """Do ``cdcd resync`` (module docstring); the daemon must not run on the slot meanwhile."""
     pg = config.postgres
-    with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
-        db.require_logical()
-        require_protocol(db.server_version, pg.protocol_version)
-        require_failover(db.server_version, pg.failover)
-        signals = SignalTable(db, config.snapshot.signal_table)
+    parts = real_parts(config, client_id="cdcd-resync")
+    startup = Startup(
+        config, dry_run=False, connect=parts.database, check_broker=parts.check_broker
+    )
+    try:
+        execute(startup, RESYNC_CHECKS)
+        db, signals = startup.database, startup.signal_table
+        assert signals is not None  # the signal table name step raises for a bad name
         signals.ensure()
-        db.ensure_publication(pg)
-        tables = _captured(config, db, signals)
+        tables = [format_table(s, t) for s, t in startup.captured_tables()]
+        if tables:
+            execute(startup, KAFKA_CHECK)
         info = db.slot_info(pg.slot)
         if info is not None and info.active_pid is not None:
             holder = slot_holder(db, info.active_pid).describe()
@@ -248,7 +129,7 @@ def resync(config: CdcdConfig) -> ResyncResult:
             )
         two_phase = pg.protocol_version >= 3
         # From here until the snapshot is requested, no daemon may stream.
-        _write_record(signals, pg.slot, RESYNCING, info)
+        write_record(signals, pg.slot, RESYNCING, info)
         dropped = None
         if info is not None and info.invalidated:
             dropped = str(db.lost_slot_error(info)).split("; ")[0]
@@ -260,7 +141,7 @@ def resync(config: CdcdConfig) -> ResyncResult:
         if info.confirmed_flush_lsn is None:
             raise TransientError(f"slot {pg.slot} has no confirmed position yet; retry")
         start = info.confirmed_flush_lsn
-        _truncate_topics(config, db, signals, tables, start)
+        _truncate_topics(config, parts, db, signals, tables, start)
         job_id = None
         job = None
         if tables:
@@ -271,8 +152,11 @@ def resync(config: CdcdConfig) -> ResyncResult:
                 {"data-collections": tables, "type": "incremental", "reason": "resync", "slot": pg.slot},
             )
         _cancel_old_jobs(signals, pg.slot)
-        _write_record(signals, pg.slot, IN_USE, info, job)
+        write_record(signals, pg.slot, IN_USE, info, job)
         return ResyncResult(pg.slot, created, dropped, start, tuple(tables), job_id, signals.name)
+    finally:
+        if startup.db is not None:
+            startup.db.close()
 
 
 def _cancel_old_jobs(signals: SignalTable, slot: str) -> None:
@@ -288,14 +172,17 @@ def _cancel_old_jobs(signals: SignalTable, slot: str) -> None:
 
 
 def _truncate_topics(
-    config: CdcdConfig, db: SourceDatabase, signals: SignalTable, tables: list[str], start: Lsn
+    config: CdcdConfig,
+    parts: SessionParts,
+    db: SourceDatabase,
+    signals: SignalTable,
+    tables: list[str],
+    start: Lsn,
 ) -> None:
     """Publish one ``op=t`` per table just below ``start``; wait until Kafka has them all."""
     if not tables:
         return
     kafka = config.kafka
-    parts = real_parts(config, client_id="cdcd-resync")
-    parts.check_broker()
     sink = parts.sink()
     try:
         tracker = AckTracker(start, classify=sink.delivery_failure)

@@ -66,10 +66,12 @@ from cdcd.pipeline.startup import Startup, execute
 from cdcd.pipeline.transactions import TransactionAssembler
 from cdcd.protocol.decoder import PgOutputDecoder
 from cdcd.protocol.lsn import Lsn
+from cdcd.sink.producer import build_producer_config
 from cdcd.sink.topics import topic_spec
 from cdcd.snapshot.incremental import IncrementalSnapshots
 from cdcd.snapshot.initial import ExportedSnapshot, InitialSnapshot
 from cdcd.snapshot.store import DONE, Job, SignalTable
+from cdcd.snapshot.workers import WorkerSettings
 from cdcd.source.catalog import PgCatalog
 from cdcd.source.database import SourceDatabase
 from cdcd.source.markers import MarkerTransactions
@@ -278,7 +280,7 @@ class Session:
         schema.baseline_missing(startup.captured_tables(), start)
         self._snapshots = IncrementalSnapshots(
             db=db,
-            dsn=pg.dsn,
+            dsn=pg.dsn.get_secret_value(),
             timeout_s=pg.connect_timeout_s,
             signals=table,
             table_ready=signals is not None,
@@ -331,6 +333,8 @@ class Session:
             beat=self.state.beat,
             on_table_done=table_done,
             schema=schema,
+            processes=self.config.snapshot.processes,
+            workers=self._snapshot_workers(),
         )
         if not snapshot.run():
             return False
@@ -338,6 +342,21 @@ class Session:
         job.progress["done"] = list(job.tables)
         signals.save(job)
         return True
+
+    def _snapshot_workers(self) -> WorkerSettings:
+        """What initial-snapshot worker processes need: the daemon's connection and producer."""
+        cfg = self.config
+        assert self._db is not None
+        return WorkerSettings(
+            dsn=cfg.postgres.dsn.get_secret_value(),
+            timeout_s=cfg.postgres.connect_timeout_s,
+            producer_config=build_producer_config(
+                cfg.kafka.bootstrap_servers, dict(cfg.kafka.producer), "cdcd-snapshot"
+            ),
+            create_topics=cfg.kafka.create_topics,
+            server_name=cfg.kafka.topic_prefix,
+            database=self._db.database,
+        )
 
     def _snapshot_done(self, job: Job) -> None:
         if job.initial and self.config.snapshot.mode == "initial_only":

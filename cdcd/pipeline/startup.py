@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from cdcd.config.model import CdcdConfig, redact_dsn
 from cdcd.errors import CdcdError, ConfigError, DefiniteError
 from cdcd.observability.http import parse_listen
-from cdcd.pipeline.resync import check_slot, remember_slot
+from cdcd.pipeline.slot_record import check_slot, remember_slot
 from cdcd.pipeline.startup_lines import describe_publication, describe_signal_table
 from cdcd.snapshot.daemons import publication_clash
 from cdcd.snapshot.initial import ExportedSnapshot, create_slot_with_snapshot
@@ -187,7 +187,7 @@ class Step:
 def _connect(s: Startup) -> None:
     s.db = s.connect()
     if s.dry_run:
-        where = redact_dsn(s.config.postgres.dsn)
+        where = redact_dsn(s.config.postgres.dsn.get_secret_value())
         db = s.db
         s.report(True, f"postgres: connected to {db.database} ({where}), server {db.server_version}")
 
@@ -357,7 +357,7 @@ def _initial_snapshot(s: Startup) -> None:
     # record that its snapshot is unfinished.
     signals.begin_initial(pg.slot, [f"{schema}.{name}" for schema, name in tables])
     s.exported = create_slot_with_snapshot(
-        pg.dsn,
+        pg.dsn.get_secret_value(),
         pg.slot,
         pg.protocol_version >= 3,
         snap.parallelism,
@@ -463,6 +463,13 @@ STARTUP_PLAN: tuple[Step, ...] = (
     Step("schema registry", _registry, needs_db=False, dry_only=True),
     Step("metrics", _metrics_listen, label="metrics.listen", needs_db=False, dry_only=True),
 )
+
+
+def sub_plan(*names: str) -> tuple[Step, ...]:
+    """The steps of ``STARTUP_PLAN`` named ``names``, in the plan's order (``cdcd resync``'s checks)."""
+    unknown = set(names) - {step.name for step in STARTUP_PLAN}
+    assert not unknown, f"no such startup steps: {sorted(unknown)}"
+    return tuple(step for step in STARTUP_PLAN if step.name in names)
 
 
 def execute(startup: Startup, plan: tuple[Step, ...] = STARTUP_PLAN) -> None:

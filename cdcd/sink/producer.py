@@ -55,7 +55,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdcd.config.secrets import reveal
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
-from cdcd.sink.reporter import KAFKA_REPORTER, KafkaLogReporter
+from cdcd.sink.reporter import KAFKA_REPORTER, SASL_CODES, KafkaLogReporter
 
 __all__ = [
     "FIXED_PROPERTIES",
@@ -164,14 +164,6 @@ _SIZE_CODES = frozenset(
 _UNKNOWN_TOPIC_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 )
-_AUTHENTICATION_CODES = frozenset(
-    {
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-        KafkaError._AUTHENTICATION,
-        KafkaError.ILLEGAL_SASL_STATE,
-        KafkaError.UNSUPPORTED_SASL_MECHANISM,
-    }
-)
 _PRODUCER_STATE_CODES = frozenset(
     {
         KafkaError._FATAL,
@@ -260,7 +252,7 @@ def classify_delivery_error(
         return DefiniteError(
             what, hint=f"create {where}, or set kafka.create_topics: true so that cdcd creates it"
         )
-    if code in _AUTHENTICATION_CODES:
+    if code in SASL_CODES:  # _SSL has a hint of its own below
         return DefiniteError(
             f"Kafka authentication failed: {err.name()} ({err.str()})",
             hint="check security.protocol and the sasl.* properties in kafka.producer",

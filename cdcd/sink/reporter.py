@@ -38,7 +38,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
 
-__all__ = ["KAFKA_REPORTER", "KafkaLogReporter", "error_key", "flush_kafka_reports"]
+__all__ = [
+    "AUTH_CODES", "KAFKA_REPORTER", "SASL_CODES", "KafkaLogReporter", "error_key", "flush_kafka_reports",
+]
 
 INTERVAL_S = 30.0
 """A repeated error gets at most one summary line per this many seconds."""
@@ -74,16 +76,17 @@ _OUTAGE_CODES = frozenset(
         KafkaError._TIMED_OUT,
     }
 )
-#: error_cb codes that mean the broker refused cdcd's credentials or TLS.
-AUTH_CODES = frozenset(
+#: Codes that mean the broker refused cdcd's SASL credentials or mechanism.
+SASL_CODES = frozenset(
     {
         KafkaError.SASL_AUTHENTICATION_FAILED,
         KafkaError._AUTHENTICATION,
         KafkaError.ILLEGAL_SASL_STATE,
         KafkaError.UNSUPPORTED_SASL_MECHANISM,
-        KafkaError._SSL,
     }
 )
+#: error_cb codes that mean the broker refused cdcd's credentials or TLS.
+AUTH_CODES = SASL_CODES | {KafkaError._SSL}
 
 
 def error_key(text: str) -> str:

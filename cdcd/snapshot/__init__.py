@@ -9,6 +9,10 @@
 * :mod:`cdcd.snapshot.store` — the signal table: requests, job state and
   progress, kept in the source database.
 * :mod:`cdcd.snapshot.rows` — plans, keyset chunks and COPY parsing.
+* :mod:`cdcd.snapshot.ranges` — one key range of the initial snapshot: lock,
+  check against the plan, COPY (reader threads and worker processes alike).
+* :mod:`cdcd.snapshot.workers` — worker processes for the initial snapshot
+  (``snapshot.processes``), each with its own connection and producer.
 * :mod:`cdcd.snapshot.progress` — per-table metrics and progress log lines.
 * :mod:`cdcd.snapshot.request` — ``cdcd snapshot --table``.
 """

@@ -28,6 +28,13 @@ How it stays consistent (no gap, no overlap beyond at-least-once):
    each chunk, since the ack tracker is single-threaded by design. A bounded
    queue between them makes a slow broker slow the readers down rather than
    fill memory: at most two encoded chunks per reader wait in it.
+   With ``snapshot.processes`` set, worker processes read instead
+   (``cdcd.snapshot.workers``): the planning connection exports its snapshot
+   (the slot's) to them, each checks in with ``txid_current_snapshot()``
+   (refused unless it equals the planner's), reads the ranges it is handed
+   with the same code (``cdcd.snapshot.ranges``), produces with a producer of
+   its own and reports a range done once flushed; this thread hands out the
+   ranges and the ``cdcd.seq`` blocks, and records the tables.
 4. Rows go out as ``op=r`` envelopes with ``source.snapshot=true``, header
    ``cdcd.lsn`` = the consistent point and ``cdcd.seq`` counting up across the
    whole snapshot, so they sort before every streamed change. Streaming then
@@ -71,7 +78,7 @@ one table's failure leaves the connection's snapshot usable for the others.
 
 A migration that starts while a table is being read waits for the snapshot
 to end (the read's lock); a reader that would then queue behind it (another
-range of the table) waits at most :data:`LOCK_TIMEOUT_S` and hands the table
+range of the table) waits at most :data:`cdcd.snapshot.ranges.LOCK_TIMEOUT_S` and hands the table
 over instead. Without that the snapshot, the migration and the reader would
 wait for each other forever: PostgreSQL sees no deadlock, because the
 snapshot's transactions end only when cdcd has read everything.
@@ -83,6 +90,7 @@ not.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -103,17 +111,23 @@ from cdcd.naming import LSN_HEADER
 from cdcd.protocol.lsn import Lsn
 from cdcd.snapshot.progress import ProgressLog, TableProgress
 from cdcd.snapshot.publisher import SchemaBaselines, SnapshotPublisher
+from cdcd.snapshot.ranges import STORAGE_THEN_SQL, prepare_reader, read_error, read_guarded
 from cdcd.snapshot.rows import (
-    CopyRowStream,
     Key,
     TablePlan,
     encode_reads,
     estimate_rows,
     plan_table,
-    read_copy,
     split_points,
 )
 from cdcd.snapshot.store import query_error
+from cdcd.snapshot.workers import (
+    WorkerPool,
+    WorkerSettings,
+    WorkerTable,
+    remote_error,
+    usage_line,
+)
 from cdcd.source.connection import connect, quote_ident
 from cdcd.source.database import SourceDatabase
 from cdcd.source.slot_wait import wait_for_slot_creation
@@ -123,27 +137,6 @@ __all__ = ["ExportedSnapshot", "InitialSnapshot", "create_slot_with_snapshot"]
 log = logging.getLogger("cdcd.snapshot")
 
 _QUEUE_WAIT_S = 0.2
-
-#: How long a reader waits for a table's lock before handing the table over
-#: to an incremental snapshot (module docstring).
-LOCK_TIMEOUT_S = 2.0
-
-#: The table's files as the snapshot saw them (pg_class is read through the
-#: snapshot) and as they are now (pg_relation_filenode reads the current
-#: catalog), over the partition tree as the snapshot had it.
-_TREE = (
-    "WITH RECURSIVE tree(oid) AS (SELECT %s::oid UNION ALL "
-    "SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid) "
-)
-_STORAGE_THEN_SQL = (
-    _TREE + "SELECT array_agg(c.relfilenode::bigint ORDER BY c.oid) FROM tree "
-    "JOIN pg_class c ON c.oid = tree.oid"
-)
-_STORAGE_NOW_SQL = (
-    _TREE + "SELECT array_agg(coalesce(pg_relation_filenode(tree.oid), 0)::bigint "
-    "ORDER BY tree.oid) FROM tree"
-)
-
 
 @dataclass
 class ExportedSnapshot:
@@ -255,6 +248,8 @@ class _Table:
     #: thread; readers only skip its ranges then).
     handed: str | None = None
     dropped: bool = False
+    #: What a worker process is given of the table (``snapshot.processes``).
+    shipped: WorkerTable | None = None
 
 
 @dataclass(frozen=True)
@@ -287,15 +282,6 @@ class _WorkerDone:
     error: BaseException | None
 
 
-class _Changed(Exception):
-    """The table read now is not the one planned inside the snapshot (a DDL since)."""
-
-    def __init__(self, reason: str, dropped: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.dropped = dropped
-
-
 class InitialSnapshot:
     """Reads every table of an exported snapshot and publishes it; see the module docstring."""
 
@@ -315,6 +301,8 @@ class InitialSnapshot:
         beat: Callable[[], None],
         on_table_done: Callable[[str], None],
         schema: SchemaBaselines | None = None,
+        processes: int = 0,
+        workers: WorkerSettings | None = None,
     ) -> None:
         self.exported = exported
         self.tables = tables
@@ -329,6 +317,13 @@ class InitialSnapshot:
         self.beat = beat
         self.on_table_done = on_table_done
         self.schema = schema
+        if processes and workers is None:
+            raise DefiniteError("snapshot worker processes without their settings", hint="this is a bug")
+        #: Worker processes reading the snapshot (``cdcd.snapshot.workers``); 0: threads.
+        self.processes = processes
+        self.workers = workers
+        #: How many read side by side: a table is cut into as many key ranges.
+        self.readers = processes or len(exported.pool)
         self._abort = threading.Event()
         self._results: queue.Queue[_Rows | _RangeDone | _HandOver | _WorkerDone] = queue.Queue(
             maxsize=2 * max(1, len(exported.pool))
@@ -339,6 +334,7 @@ class InitialSnapshot:
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._ts_ms = time.time_ns() // 1_000_000
+        self._own_snapshot = ""  # the planning transaction's, with worker processes
 
     # -- planning (main thread, inside the snapshot) --------------------------------
 
@@ -351,7 +347,7 @@ class InitialSnapshot:
             if encoder is None:
                 continue
             estimated = estimate_rows(db, plan.relation_id)
-            storage = tuple(int(x) for x in db.scalar(_STORAGE_THEN_SQL, (plan.relation_id,)) or ())
+            storage = tuple(int(x) for x in db.scalar(STORAGE_THEN_SQL, (plan.relation_id,)) or ())
             if self.schema is not None:
                 # The shape consumers get: the reference for later migrations.
                 baseline = self.schema.read_baseline(db, plan.version, self.exported.consistent_point)
@@ -359,10 +355,12 @@ class InitialSnapshot:
             planned.append(
                 _Table(plan, encoder, TableProgress(plan.name, estimated, self.metrics), storage)
             )
+            if self.processes:
+                planned[-1].shipped = WorkerTable.of(plan, storage, encoder)
             points: list[Key] = []
             if plan.keyed:
                 if estimated > 4 * self.chunk_rows:
-                    points = split_points(db, plan, len(self.exported.pool), estimated)
+                    points = split_points(db, plan, self.readers, estimated)
             else:
                 log.warning(
                     "table %s has no primary key or replica identity index: its snapshot is "
@@ -391,7 +389,7 @@ class InitialSnapshot:
         name = "a table"
         try:
             cursor = db.conn.cursor()
-            cursor.execute("SET LOCAL lock_timeout = %s", (f"{int(LOCK_TIMEOUT_S * 1000)}ms",))
+            prepare_reader(cursor)
             while not self._abort.is_set():
                 try:
                     work = self._ranges.get_nowait()
@@ -402,7 +400,7 @@ class InitialSnapshot:
                     self._guarded(cursor, work)
                 self._put(_RangeDone(work.table))
         except psycopg2.Error as exc:
-            error = _read_error(exc, name)
+            error = read_error(exc, name)
         except CdcdError as exc:
             error = exc
         except BaseException as exc:  # any failure fails the snapshot, with the table named
@@ -416,61 +414,19 @@ class InitialSnapshot:
 
     def _guarded(self, cursor: Any, work: _Range) -> None:
         """Lock, check and read one range under a savepoint (module docstring)."""
-        cursor.execute("SAVEPOINT cdcd_range")
-        try:
-            self._check(cursor, work.table)
-            self._read_range(cursor, work)
-        except _Changed as changed:
-            cursor.execute("ROLLBACK TO SAVEPOINT cdcd_range")
-            self._put(_HandOver(work.table, changed.reason, changed.dropped))
-            return
-        except psycopg2.Error as exc:
-            cursor.execute("ROLLBACK TO SAVEPOINT cdcd_range")
-            reason = _ddl_since(exc)
-            if reason is None:
-                raise
-            self._put(_HandOver(work.table, f"{reason}: {query_error(exc)}"))
-            return
-        cursor.execute("RELEASE SAVEPOINT cdcd_range")
-
-    def _check(self, cursor: Any, table: _Table) -> None:
-        """Raise _Changed unless the table is still the one the snapshot planned."""
-        plan = table.plan
-        try:
-            cursor.execute(f"LOCK TABLE {plan.from_sql} IN ACCESS SHARE MODE")
-        except psycopg2.errors.UndefinedTable as exc:
-            raise _Changed(f"dropped since the snapshot ({query_error(exc)})", dropped=True) from exc
-        cursor.execute("SELECT to_regclass(%s)::oid", (plan.from_sql,))
-        if int(cursor.fetchone()[0]) != plan.relation_id:
-            raise _Changed("dropped and created again since the slot's consistent point")
-        cursor.execute(_STORAGE_NOW_SQL, (plan.relation_id,))
-        if tuple(int(x) for x in cursor.fetchone()[0] or ()) != table.storage:
-            raise _Changed(
-                "rewritten since the slot's consistent point (ALTER TABLE, TRUNCATE, VACUUM FULL…): "
-                "its rows cannot be read as of the snapshot"
-            )
-        # Names only: a type change that keeps the files keeps every value.
-        cursor.execute(f"SELECT * FROM {plan.from_sql} LIMIT 0")
-        if [str(d[0]) for d in cursor.description] != [c[0] for c in plan.catalog_columns]:
-            raise _Changed("its columns changed since the slot's consistent point")
-
-    def _read_range(self, cursor: Any, work: _Range) -> None:
-        plan = work.table.plan
-        if not plan.keyed:
-            stream = CopyRowStream(
-                plan, self.chunk_rows, lambda data, rows: self._emit(work.table, data, rows)
-            )
-            cursor.copy_expert(f"COPY ({plan.select_sql(cursor, None, None, None)}) TO STDOUT", stream)
-            stream.close()
-        else:
-            after = work.after
-            while not self._abort.is_set():
-                chunk = read_copy(cursor, plan, after, work.upper, self.chunk_rows)
-                if chunk.rows:
-                    self._emit(work.table, chunk.data, chunk.rows)
-                if chunk.rows < self.chunk_rows:
-                    break
-                after = chunk.last_key
+        table = work.table
+        handed = read_guarded(
+            cursor,
+            table.plan,
+            table.storage,
+            work.after,
+            work.upper,
+            self.chunk_rows,
+            lambda data, rows: self._emit(table, data, rows),
+            self._abort.is_set,
+        )
+        if handed is not None:
+            self._put(_HandOver(table, *handed))
 
     def _emit(self, table: _Table, data: bytes, rows: int) -> None:
         """Encode a chunk of COPY text here, on the reader thread; the main thread produces it."""
@@ -487,17 +443,50 @@ class InitialSnapshot:
         """Read, publish and wait for delivery; False if stopped before the end."""
         started = time.monotonic()
         point = self.exported.consistent_point
-        tables = self._plan()
-        total_estimate = sum(t.progress.estimated for t in tables)
+        pool: WorkerPool | None = None
+        try:
+            if self.processes:
+                # Started before planning: their interpreters start meanwhile.
+                pool = self._start_workers()
+            tables = self._plan()
+            total_estimate = sum(t.progress.estimated for t in tables)
+            log.info(
+                "initial snapshot of %d tables (%s rows estimated) at %s with %d connections%s",
+                len(tables),
+                f"{total_estimate:,}",
+                point,
+                self.readers,
+                " in worker processes" if pool is not None else "",
+                extra={"lsn": str(point)},
+            )
+            progress = ProgressLog("initial snapshot")
+            if pool is not None:
+                finished = self._read_in_processes(pool, tables, progress)
+            else:
+                finished = self._read_in_threads(tables, progress)
+            if not finished:
+                return False
+            while not all(t.reported for t in tables):
+                self.poll(0.1)
+                if not self._serve(tables, progress):
+                    return False
+        finally:
+            if pool is not None:
+                pool.close()
+        elapsed = time.monotonic() - started
         log.info(
-            "initial snapshot of %d tables (%s rows estimated) at %s with %d connections",
+            "initial snapshot complete: %s rows of %d tables in %.1f s (%s rows/s), delivered",
+            f"{self.rows:,}",
             len(tables),
-            f"{total_estimate:,}",
-            point,
-            len(self.exported.pool),
-            extra={"lsn": str(point)},
+            elapsed,
+            f"{self.rows / max(elapsed, 1e-6):,.0f}",
+            extra={"snapshot_rows": self.rows, "lsn": str(point)},
         )
-        progress = ProgressLog("initial snapshot")
+        return True
+
+    def _read_in_threads(self, tables: list[_Table], progress: ProgressLog) -> bool:
+        """Reader threads on the pool's connections; this thread produces. False: stopped."""
+        point = self.exported.consistent_point
         workers = [
             threading.Thread(target=self._read, args=(db,), name=f"cdcd-snapshot-{i}", daemon=True)
             for i, db in enumerate(self.exported.pool)
@@ -529,24 +518,125 @@ class InitialSnapshot:
                         raise item.error
                 if not self._serve(tables, progress):
                     return False
-            while not all(t.reported for t in tables):
-                self.poll(0.1)
-                if not self._serve(tables, progress):
-                    return False
         finally:
             self._abort.set()
             for worker in workers:
                 worker.join(timeout=10)
-        elapsed = time.monotonic() - started
-        log.info(
-            "initial snapshot complete: %s rows of %d tables in %.1f s (%s rows/s), delivered",
-            f"{self.rows:,}",
-            len(tables),
-            elapsed,
-            f"{self.rows / max(elapsed, 1e-6):,.0f}",
-            extra={"snapshot_rows": self.rows, "lsn": str(point)},
-        )
         return True
+
+    # -- reading in worker processes (snapshot.processes) ----------------------------
+
+    def _start_workers(self) -> WorkerPool:
+        """Export the snapshot from the planning transaction and spawn the workers on it.
+
+        The planning connection imported the slot's exported snapshot, and a
+        snapshot exported from it is that same snapshot; it stays importable
+        while this transaction lasts, which is the whole initial snapshot.
+        """
+        assert self.workers is not None
+        db = self.exported.pool[0]
+        name = str(db.scalar("SELECT pg_export_snapshot()"))
+        self._own_snapshot = str(db.scalar("SELECT txid_current_snapshot()::text"))
+        return WorkerPool(
+            self.processes,
+            self.workers,
+            name,
+            self.exported.consistent_point,
+            self._ts_ms,
+            self.chunk_rows,
+        )
+
+    def _read_in_processes(
+        self, pool: WorkerPool, tables: list[_Table], progress: ProgressLog
+    ) -> bool:
+        """Hand ranges to the workers and follow them until all exit. False: stopped."""
+        pending: collections.deque[_Range] = collections.deque()
+        while not self._ranges.empty():
+            pending.append(self._ranges.get_nowait())
+        reading: dict[int, _Range] = {}
+        usage: list[tuple[int, float, float]] = []
+
+        def dispatch(index: int) -> None:
+            while pending:
+                work = pending.popleft()
+                table = work.table
+                if table.handed is not None or table.dropped:
+                    self._range_done(table)
+                    continue
+                reading[index] = work
+                pool.send(index, ("range", table.shipped, work.after, work.upper))
+                return
+            pool.send(index, ("stop",))
+
+        while pool.live:
+            for index, message in pool.receive(_QUEUE_WAIT_S):
+                work = reading.get(index)
+                where = work.table.plan.name if work is not None else "no table yet"
+                if message is None:
+                    if self.stop.is_set():
+                        return False  # stopping: a signal to the whole process group
+                    raise TransientError(
+                        f"snapshot worker {index} (pid {pool.pid(index)}) died while reading "
+                        f"{where} (exit code {pool.exitcode(index)})"
+                    )
+                kind = message[0]
+                if kind == "seq":
+                    pool.send(index, ("seq", self._seq))
+                    self._seq += int(message[1])
+                elif kind == "rows":
+                    assert work is not None
+                    work.table.progress.chunk(int(message[1]), int(message[1]))
+                    self.rows += int(message[1])
+                elif kind == "done":
+                    assert work is not None
+                    del reading[index]
+                    if message[1] is not None:
+                        self._hand_over(_HandOver(work.table, *message[1]))
+                    self._range_done(work.table)
+                    dispatch(index)
+                elif kind == "ready":
+                    self._check_worker(index, int(message[1]), str(message[2]))
+                    dispatch(index)
+                elif kind == "failed":
+                    if self.stop.is_set():
+                        return False
+                    text = str(message[2])
+                    if work is not None and work.table.plan.name not in text:
+                        text = f"snapshot of {work.table.plan.name}: {text}"
+                    raise remote_error(str(message[1]), f"snapshot worker {index}: {text}", message[3])
+                elif kind == "log":
+                    logging.getLogger(str(message[2])).log(
+                        int(message[1]), "snapshot worker %d: %s", index, message[3]
+                    )
+                elif kind == "exit":
+                    usage.append((index, float(message[1]), float(message[2])))
+                    pool.finished(index)
+            if not self._serve(tables, progress):
+                return False
+        line, fields = usage_line(usage)
+        log.info(line, extra=fields)
+        return True
+
+    def _check_worker(self, index: int, pid: int, seen: str) -> None:
+        """A worker reads nothing unless its transaction holds the daemon's snapshot."""
+        if seen != self._own_snapshot:
+            raise DefiniteError(
+                f"snapshot worker {index} (pid {pid}) does not hold the slot's exported "
+                f"snapshot: its transaction sees {seen}, the daemon's {self._own_snapshot}",
+                hint="this is a bug; report it with the PostgreSQL version",
+            )
+        log.info(
+            "snapshot worker %d (pid %d) imported the snapshot: %s",
+            index,
+            pid,
+            seen,
+            extra={"snapshot_worker_pid": pid, "snapshot": seen},
+        )
+
+    @staticmethod
+    def _range_done(table: _Table) -> None:
+        table.ranges_left -= 1
+        table.all_read = table.ranges_left == 0
 
     def _serve(self, tables: list[_Table], progress: ProgressLog) -> bool:
         """Delivery reports, failures, health, finished tables; False when stopping."""
@@ -594,30 +684,3 @@ class InitialSnapshot:
             )
         self.schema.hand_over(table.plan.name, item.reason)
         table.handed = item.reason
-
-
-def _ddl_since(exc: psycopg2.Error) -> str | None:
-    """Why a failed read means the table changed since the snapshot; None: a real failure."""
-    if isinstance(exc, psycopg2.errors.UndefinedColumn):
-        return "its columns changed since the slot's consistent point"
-    if isinstance(exc, psycopg2.errors.LockNotAvailable):
-        return (
-            f"a migration holds or waits for its lock (more than {LOCK_TIMEOUT_S:g} s), "
-            "which would wait for this snapshot to end"
-        )
-    return None
-
-
-def _read_error(exc: psycopg2.Error, table: str) -> CdcdError:
-    message = query_error(exc)
-    if isinstance(exc, psycopg2.OperationalError):
-        return TransientError(f"reading {table} for the snapshot failed: {message}")
-    if isinstance(exc, psycopg2.errors.InsufficientPrivilege):
-        return DefiniteError(
-            f"cannot read {table} for the snapshot: {message}",
-            hint=f"GRANT SELECT ON {table} TO the cdcd user",
-        )
-    return DefiniteError(
-        f"reading {table} for the snapshot failed: {message}",
-        hint="fix the table or exclude it from postgres.tables",
-    )

@@ -17,7 +17,7 @@ from cdcd.decode.relations import TableVersion
 from cdcd.envelope.encoder import TableEncoder
 from cdcd.envelope.rowcode import Message
 from cdcd.protocol.lsn import Lsn
-from cdcd.protocol.messages import LogicalMessage, TupleData
+from cdcd.protocol.messages import LogicalMessage
 from cdcd.source.database import SourceDatabase
 
 __all__ = ["KeyRecorder", "SchemaBaselines", "SnapshotPublisher"]
@@ -33,31 +33,14 @@ class SnapshotPublisher(Protocol):
         """The encoder of a snapshot table version (creates its topic); None if not captured."""
         ...
 
-    def snapshot_chunk(
-        self,
-        encoder: TableEncoder,
-        rows: list[TupleData],
-        lsn: Lsn,
-        commit_ts_ms: int,
-        seq: int,
-    ) -> tuple[TxnTicket, int]:
-        """Publish initial-snapshot rows in a ticket of their own, sealed at ``lsn``."""
-        ...
-
     def snapshot_messages(self, topic: str, messages: list[Message], lsn: Lsn) -> TxnTicket:
         """Produce encoded initial-snapshot reads (``rows.encode_reads``) in a ticket sealed at ``lsn``."""
-        ...
-
-    def snapshot_in_transaction(
-        self, encoder: TableEncoder, rows: list[TupleData], skip: set[bytes] | None
-    ) -> tuple[TxnTicket, int]:
-        """Publish a chunk inside the current (high watermark) transaction."""
         ...
 
     def snapshot_copy_in_transaction(
         self, encoder: TableEncoder, data: bytes, skip: set[bytes] | None
     ) -> tuple[TxnTicket, int]:
-        """:meth:`snapshot_in_transaction` of a chunk as COPY text (``rows.encode_reads``)."""
+        """Publish a chunk of COPY text inside the current (high watermark) transaction."""
         ...
 
     def snapshot_truncate(self, encoder: TableEncoder) -> None:

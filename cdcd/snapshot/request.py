@@ -29,7 +29,7 @@ def request_snapshot(config: CdcdConfig, tables: list[str]) -> tuple[str, Signal
         except DefiniteError as exc:
             raise ConfigError(f"--table {name!r} is not schema.table") from exc
         names.append(format_table(schema, table))
-    with SourceDatabase(pg.dsn, timeout_s=pg.connect_timeout_s) as db:
+    with SourceDatabase(pg.dsn.get_secret_value(), timeout_s=pg.connect_timeout_s) as db:
         exists = db.publication_exists(pg.publication)
         captured = set(db.resolve_tables(pg)) if pg.table_names else None
         if captured is not None and exists:

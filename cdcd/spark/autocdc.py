@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdcd.errors import ConfigError
+from cdcd.spark.bulk import BULK_ROWS
 from cdcd.spark.layout import CHANGE_COLUMNS, RowLayout, changes_arrow_schema
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ __all__ = ["KEY_METADATA", "apply_changes"]
 #: Metadata of ``read_changes``'s ``after``/``before`` columns: the key columns (JSON list).
 KEY_METADATA = "cdcd.key"
 CURRENT_DIR = "_cdcd_current"
+#: The writer-schema header of the changes (one layout per call).
+HEADER = b"apply_changes"
 _ENVELOPE_COLUMNS = frozenset({"op", "lsn", "seq", "before", "after"})
 
 
@@ -229,36 +232,43 @@ def _from_flat(
 
 
 def _reduce_partition(
-    batches: Iterator[pa.RecordBatch], identity: tuple[str, ...], per_commit: bool
+    batches: Iterator[pa.RecordBatch],
+    topic: str,
+    layout: RowLayout,
+    per_commit: bool,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: a task's changes with each key's runs of upserts collapsed
-    (:func:`cdcd.spark.decode.reduce_native`)."""
+    (:func:`cdcd.spark.decode.reduce_native`), as the mirror's decoded payloads."""
     import pyarrow as pa
 
-    from cdcd.spark.decode import NativeChanges, reduce_native
+    from cdcd.spark.decode import NativeChanges, payload_rows, reduce_native
 
     parts = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if not parts:
         return
-    table = pa.concat_tables(parts)
-    layout = RowLayout.from_arrow(table.schema.field("after").type)
-    native = NativeChanges("", b"", layout, table, (), identity)
-    yield from reduce_native(native, per_commit=per_commit).changes.to_batches()
+    table = pa.concat_tables(parts).cast(changes_arrow_schema(layout))
+    native = NativeChanges(topic, HEADER, layout.shape, table, (), layout.key_names)
+    yield from payload_rows([reduce_native(native, per_commit=per_commit)])
 
 
-def _reduced(df: DataFrame, keys: Sequence[str], per_commit: bool) -> DataFrame:
+def _reduced(df: DataFrame, topic: str, layout: RowLayout, per_commit: bool) -> DataFrame:
     """``df`` reduced on the executors, after a shuffle that puts each key's changes
-    in one task (a DataFrame, unlike Kafka, does not keep a key on one partition)."""
+    in one task (a DataFrame, unlike Kafka, does not keep a key on one partition),
+    as the mirror's decoded payloads (:data:`cdcd.spark.decode.PAYLOAD_DDL`)."""
     from functools import partial
 
     from pyspark.sql import functions as F
 
-    if not keys:
-        return df  # matched on whole rows: nothing collapses
-    image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
-    by_key = df.repartition(*[image.getField(k) for k in keys])
-    return by_key.mapInArrow(
-        partial(_reduce_partition, identity=tuple(keys), per_commit=per_commit), df.schema
+    from cdcd.spark.decode import PAYLOAD_DDL
+
+    keys = layout.key_names
+    if keys:
+        image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
+        df = df.repartition(*[image.getField(k) for k in keys])
+    # Keyless changes are matched on whole rows: nothing collapses, any task will do.
+    return df.mapInArrow(
+        partial(_reduce_partition, topic=topic, layout=layout, per_commit=per_commit),
+        PAYLOAD_DDL,
     )
 
 
@@ -278,12 +288,15 @@ def apply_changes(
     batch_id: int | None = None,
     app_id: str = "cdcd-apply-changes",
     storage_options: Mapping[str, str] | None = None,
+    bulk_rows: int | None = BULK_ROWS,
 ) -> BatchReport:
     """Apply one batch of changes to the Delta table at ``target`` (see the module doc).
 
     ``batch_id`` (``foreachBatch``'s) with ``app_id`` makes the batch
     idempotent: a batch already applied under that app id is skipped; without
-    it, each call is a new batch. Returns the batch's report.
+    it, each call is a new batch. ``bulk_rows``: a batch bringing the target at least
+    that many new keys is written by the executors, as ``cdcd mirror`` does (None:
+    always collected to the driver). Returns the batch's report.
     """
     from cdcd.spark.mirror import HistoryOptions, MirrorJob, MirrorStore
 
@@ -305,13 +318,9 @@ def apply_changes(
         changes_df, key, columns = _from_changes(source_df, arguments)
     else:
         changes_df, key, columns = _from_flat(source_df, target, arguments)
-    # Each key's changes to one task, reduced there: the driver receives at most
-    # one change per key (per key and transaction for type 2), not the batch.
-    changes = _reduced(changes_df, key, per_commit=stored_as_scd_type == 2).toArrow()
-    row_type = changes.schema.field("after").type
+    # The row's Arrow type, without running the batch (Spark plans LIMIT 0 as empty).
+    row_type = changes_df.limit(0).toArrow().schema.field("after").type
     layout = RowLayout.from_arrow(row_type, key)
-    changes = changes.cast(changes_arrow_schema(layout))
-
     base = target.rstrip("/")
     current = f"{base}/{CURRENT_DIR}" if stored_as_scd_type == 2 else base
     topic = f"apply_changes:{base}"
@@ -331,15 +340,13 @@ def apply_changes(
         _Envelope(envelope),  # type: ignore[arg-type]
         history=history,
         track_partitions=False,
+        bulk_rows=bulk_rows,
     )
     mirrored = store.load(topic, "", "")
     if batch_id is None:
         batch_id = mirrored.applied_batch + 1 if mirrored is not None else 0
-    from cdcd.spark.decode import NativeChanges
-
-    native = NativeChanges(
-        topic, b"apply_changes", layout.shape, changes, (), tuple(key) if key else ()
-    )
-    if not changes.num_rows:
-        return job.apply(batch_id, {})
-    return job.apply(batch_id, {topic: [native]})
+    # Each key's changes to one task, reduced there: the driver receives at most one
+    # change per key (per key and transaction for type 2), and a large batch of new
+    # keys is written by the executors (:mod:`cdcd.spark.bulk`), not collected.
+    payloads = _reduced(changes_df, topic, layout, per_commit=stored_as_scd_type == 2)
+    return job.apply_payloads(payloads, batch_id)

@@ -1,29 +1,49 @@
 """Large changes written by the executors: the driver commits file lists, not rows.
 
-A micro-batch that brings a table's first rows in bulk (an initial build, the
-snapshot of a table added to the publication, a re-snapshot into a new output)
-would otherwise be collected whole to the driver. Instead, once the batch is
-decoded and reduced on the executors (:func:`cdcd.spark.decode.decode_payloads`):
+A micro-batch that brings a table many new rows (an initial build and each
+later batch of it, the snapshot of a table added to the publication, a
+re-snapshot into a new output) would otherwise be collected whole to the
+driver. Instead, once the batch is decoded and reduced on the executors
+(:func:`cdcd.spark.decode.decode_payloads`):
 
 1. every Spark task reports a summary of each payload it holds
    (:func:`summarize_payloads`: row count, whether it only inserts, its newest
    change, per-partition high-water marks), keeping the payload itself only
    when it is small;
-2. the driver picks the tables to write in bulk (:func:`bulk_tables`): new to
-   the mirror, no history table, keyed, only inserts and reads, at least
-   ``bulk_rows`` changes; it works out their state (reader schema, key,
+2. the driver picks the tables to write in bulk (:func:`bulk_tables`): keyed,
+   only inserts and reads, at least ``bulk_rows`` changes, and either new to
+   the mirror or an existing table whose layout and key the batch keeps and
+   that has no held-back change nor recent delete to carry (the job decides
+   that, :class:`BulkTarget`); it works out their state (reader schema, key,
    high-water marks) from the summaries alone;
 3. each task applies its share of those tables' changes with the same pure
    code as the driver (:func:`cdcd.spark.tablestate.apply_batch` on an empty
-   table), writes the rows as Parquet data files straight into the table's
-   directory, and returns their add actions (path, size, statistics)
-   (:func:`write_files`);
-4. the driver commits one Delta transaction per table with those add actions,
-   the batch's transaction id and the mirror's state
-   (:meth:`cdcd.spark.store.MirrorStore.commit_files`).
+   table, with the table's truncate and high-water marks), writes the rows as
+   Parquet data files straight into the table's directory -- and, for a
+   table with a history table, each row's one open version into the history
+   table's directory -- and returns their add actions (path, size,
+   statistics) (:func:`write_files`);
+4. the driver commits one Delta transaction per table with those add
+   actions, the batch's transaction id and the mirror's state
+   (:meth:`cdcd.spark.store.MirrorStore.commit_files`); the history table
+   first, with the same transaction id, as on the driver path.
+
+Why appending is exact for an existing table: the driver path would look up
+each change's key among the stored rows and, finding none, insert the row
+(:func:`cdcd.spark.apply_runs.new_rows_only`). Each task proves the same
+before it writes anything: it reads the stored key columns of the data files
+whose min/max statistics admit one of its keys (file pruning, as the
+driver's :meth:`~cdcd.spark.store.MirrorStore.read_touched` does) and checks
+that none of its keys is there. A snapshot publishes in key order, so a later
+batch of a build meets only the files of the batch before it at the boundary.
+A task that finds a stored key writes nothing and reports a clash; the
+driver then commits nothing for that table (files other tasks wrote belong
+to no version) and applies its changes on the driver path. Held-back
+key-change creates and recent deletes (the side tables) would interact with
+the rows, so a table that has any goes to the driver path too.
 
 A key's changes travel on one Kafka partition, read by one Spark task, so the
-tasks' shares hold disjoint keys and their union is the table. Data files a
+tasks' shares hold disjoint keys and their union is the batch. Data files a
 crash leaves before the commit are referenced by no version: readers never
 see them, and ``--vacuum`` removes them.
 
@@ -35,7 +55,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,8 +63,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcd.spark.decode import NativeChanges, SchemaLookup
+from cdcd.spark.deltaio import pruned_dataset
+from cdcd.spark.history import history_delta, history_schema
 from cdcd.spark.layout import RowLayout
-from cdcd.spark.rows import ApplyStats
+from cdcd.spark.rows import ApplyStats, conform
 from cdcd.spark.tablestate import Stored, TableState, apply_batch, reader_changes
 
 __all__ = [
@@ -53,13 +75,17 @@ __all__ = [
     "STAGE_PREFIX",
     "SUMMARY_DDL",
     "BulkTable",
+    "BulkTarget",
+    "actions_of",
     "bulk_tables",
+    "stored_keys_among",
     "summarize_payloads",
     "write_files",
 ]
 
-#: A table new to the mirror with at least this many changes in a batch is
-#: written by the executors; None: never (every batch collected to the driver).
+#: A batch bringing a table at least this many new rows (inserts and reads of keys
+#: it does not hold) is written by the executors; None: never (every batch
+#: collected to the driver). ``cdcd mirror --bulk-rows`` sets it per run.
 BULK_ROWS: int | None = 100_000
 #: Data files of a bulk write go to ``<table>/<STAGE_PREFIX><batch>-<random>/``.
 STAGE_PREFIX = "cdcd-files-b"
@@ -79,6 +105,7 @@ _SUMMARY_SCHEMA = pa.schema(
 _ACTIONS_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string()),
+        pa.field("kind", pa.string()),  # table, history, clash (nothing written) or none
         pa.field("path", pa.string()),
         pa.field("size", pa.int64()),
         pa.field("modification_time", pa.int64()),
@@ -174,12 +201,42 @@ def summarize_payloads(
 
 
 @dataclass(frozen=True)
-class BulkTable:
-    """A table the executors write: its state after the batch, and where it goes."""
+class BulkTarget:
+    """Where the executors may write a table's batch, as the job found it."""
 
-    state: TableState
     uri: str
+    #: The table's state as stored (None: the table is new to the mirror).
+    existing: TableState | None = None
+    #: The history table to write the batch's versions to (None: none, or the batch
+    #: is already in it), and the layout it holds (None: it is created).
+    history_uri: str | None = None
+    history_layout: RowLayout | None = None
+
+
+@dataclass(frozen=True)
+class BulkTable:
+    """A table the executors write: its state before and after the batch, and where."""
+
+    #: What the executors apply the changes to: the reader layout and key, the
+    #: stored truncate and high-water marks.
+    base: TableState
+    #: The state the commit records.
+    state: TableState
+    target: BulkTarget
     changes: int
+
+    @property
+    def uri(self) -> str:
+        return self.target.uri
+
+    def document(self) -> dict[str, Any]:
+        """What :func:`write_files` needs of the table (JSON, sent to the executors)."""
+        return {
+            "base": self.base.to_json(),
+            "uri": self.target.uri,
+            "existing": self.target.existing is not None,
+            "history": self.target.history_uri,
+        }
 
 
 def _natives(
@@ -199,14 +256,13 @@ def bulk_tables(
     summary: pa.Table,
     threshold: int,
     schema_of: SchemaLookup,
-    is_new: Any,
+    target_of: Callable[[str, str, str], BulkTarget | None],
     track_partitions: bool = True,
 ) -> dict[str, BulkTable]:
     """The topics of a batch to write in bulk, by topic, with their table's state.
 
-    ``is_new(topic, schema, table)`` answers whether the mirror has no table
-    for the topic yet (and none with history): only then can the executors
-    write the rows without reading any.
+    ``target_of(topic, schema, table)`` answers where the table is and whether
+    the executors may write its batch (None: the driver applies it).
     """
     out: dict[str, BulkTable] = {}
     by_topic: dict[str, list[dict[str, Any]]] = {}
@@ -225,18 +281,36 @@ def bulk_tables(
             continue
         natives = _natives(topic, rows, schema_of, "newest")
         first = natives[0].changes.slice(0, 1).to_pylist()[0]
-        new = is_new(topic, first["source_schema"], first["source_table"])
-        if new is None:
+        target = target_of(topic, first["source_schema"], first["source_table"])
+        if target is None:
             continue
-        state, _, _ = reader_changes(topic, None, natives, schema_of)
-        marks: dict[int, tuple[int, int]] = {}
+        existing = target.existing
+        state, _, _ = reader_changes(topic, existing, natives, schema_of)
+        if existing is not None and (
+            state.layout != existing.layout
+            or state.key != existing.key
+            or any(
+                pa.types.is_nested(state.layout.arrow_schema().field(k).type) for k in state.key
+            )  # fmt: skip
+        ):
+            # A schema or key change (the driver moves the stored rows), or arrays
+            # as keys (no hash join over them to prove the keys new).
+            continue
+        if target.history_layout is not None and target.history_layout != state.layout.shape:
+            continue  # the history table changes layout first
+        base = replace(
+            state,
+            truncated_at=existing.truncated_at if existing is not None else None,
+            high_water=dict(existing.high_water) if existing is not None else {},
+        )
+        marks: dict[int, tuple[int, int]] = dict(base.high_water)
         for row in rows:
             for partition, version in json.loads(row["marks"]).items():
                 mark = (int(version[0]), int(version[1]))
                 if int(partition) not in marks or mark > marks[int(partition)]:
                     marks[int(partition)] = mark
-        state = replace(state, high_water=marks if track_partitions else {})
-        out[topic] = BulkTable(state, new, total)
+        after = replace(base, high_water=marks if track_partitions else {})
+        out[topic] = BulkTable(base, after, target, total)
     return out
 
 
@@ -250,56 +324,138 @@ def _stage_adds(stage: str, storage_options: Mapping[str, str]) -> list[dict[str
     return [entry["add"] for entry in map(json.loads, lines) if "add" in entry]
 
 
+def stored_keys_among(uri: str, keys: pa.Table, storage_options: Mapping[str, str]) -> bool:
+    """Whether the Delta table at ``uri`` holds a row with one of the ``keys`` (a table
+    of the key columns). Only the files whose min/max statistics admit some value of
+    every key column are read, and of them only the key columns."""
+    from deltalake import DeltaTable
+
+    names = keys.column_names
+    delta = DeltaTable(uri, storage_options=dict(storage_options))
+    wanted = {name: pc.unique(keys.column(name).drop_null()) for name in names}
+    plain = pruned_dataset(delta, wanted)
+    if plain is None:
+        return False
+    for batch in plain.to_batches(columns=names):
+        stored = pa.Table.from_batches([batch]).cast(keys.schema)
+        if stored.join(keys, keys=names, join_type="inner").num_rows:
+            return True
+    return False
+
+
+def _new_keys(changes: pa.Table, key_names: Sequence[str]) -> pa.Table:
+    after = changes.column("after")
+    return pa.table({name: pc.struct_field(after, name) for name in key_names})
+
+
+def _stage(
+    uri: str,
+    rows: pa.Table,
+    batch_id: int,
+    storage_options: Mapping[str, str],
+    target_file_size: int,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Write ``rows`` as data files into a directory of their own in the table's
+    directory (a one-commit delta-rs staging table, whose statistics are the ones any
+    delta-rs write records); (path relative to the table, add action) of each."""
+    from deltalake import write_deltalake
+
+    stage_dir = f"{STAGE_PREFIX}{batch_id}-{uuid.uuid4().hex}"
+    stage = f"{uri.rstrip('/')}/{stage_dir}"
+    write_deltalake(
+        stage,
+        rows,
+        mode="error",
+        storage_options=dict(storage_options),
+        target_file_size=target_file_size,
+    )
+    return [(f"{stage_dir}/{add['path']}", add) for add in _stage_adds(stage, storage_options)]
+
+
+def _history_rows(events: list[Any], layout: RowLayout) -> pa.Table:
+    """The open versions a batch of new rows starts (the driver's own construction)."""
+    delta = history_delta(events)
+    assert not delta.updates and delta.truncate is None  # new keys end no stored version
+    schema = history_schema(layout)
+    return pa.concat_tables(
+        [pa.Table.from_pylist(delta.inserts, schema=schema)]
+        + [conform(bulk, schema, "new versions") for bulk in delta.bulk]
+    )
+
+
 def write_files(
     batches: Iterable[pa.RecordBatch],
-    tables: Mapping[str, tuple[dict[str, Any], str]],
+    tables: Mapping[str, dict[str, Any]],
     batch_id: int,
     schema_of: SchemaLookup,
     storage_options: Mapping[str, str],
     target_file_size: int,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body over decoded payloads: this task's rows of the ``tables``
-    (topic -> (state as JSON, table URI)) written as data files; their add actions.
-
-    The files go to a directory of their own in the table's directory, written
-    by delta-rs as a one-commit staging table (its statistics are the ones any
-    delta-rs write records); the driver commits the files to the table itself.
-    """
-    from deltalake import write_deltalake
-
+    (topic -> :meth:`BulkTable.document`) written as data files; their add actions
+    (``kind`` ``table`` or ``history``), or one ``clash`` row for a table that
+    already holds one of the task's keys (nothing written for it then)."""
     wanted: dict[str, list[dict[str, Any]]] = {}
     for batch in batches:
         for payload in batch.to_pylist():
             if payload["topic"] in tables:
                 wanted.setdefault(payload["topic"], []).append(payload)
     out: dict[str, list[Any]] = {name: [] for name in _ACTIONS_SCHEMA.names}
-    for topic, payloads in sorted(wanted.items()):
-        document, uri = tables[topic]
-        state = replace(TableState.from_json(document), high_water={})
-        natives = _natives(topic, payloads, schema_of, "payload")
-        state_now, changes, dropped = reader_changes(topic, state, natives, schema_of)
-        _, result = apply_batch(state_now, None, Stored.empty(state_now.layout), changes, dropped)
-        if not result.rows.num_rows:
-            continue
-        stage_dir = f"{STAGE_PREFIX}{batch_id}-{uuid.uuid4().hex}"
-        stage = f"{uri.rstrip('/')}/{stage_dir}"
-        write_deltalake(
-            stage,
-            result.rows,
-            mode="error",
-            storage_options=dict(storage_options),
-            target_file_size=target_file_size,
+
+    def add(topic: str, kind: str, path: str | None, action: Mapping[str, Any],
+            applied: list[int] | None) -> None:  # fmt: skip
+        out["topic"].append(topic)
+        out["kind"].append(kind)
+        out["path"].append(path)
+        out["size"].append(int(action["size"]) if "size" in action else None)
+        out["modification_time"].append(
+            int(action["modificationTime"]) if "modificationTime" in action else None
         )
-        for i, add in enumerate(_stage_adds(stage, storage_options)):
-            out["topic"].append(topic)
-            out["path"].append(f"{stage_dir}/{add['path']}")
-            out["size"].append(int(add["size"]))
-            out["modification_time"].append(int(add["modificationTime"]))
-            out["stats"].append(add.get("stats"))
-            out["partition_values"].append(json.dumps(add.get("partitionValues") or {}))
-            out["applied"].append(list(result.stats.astuple()) if i == 0 else None)
+        out["stats"].append(action.get("stats"))
+        out["partition_values"].append(json.dumps(action.get("partitionValues") or {}))
+        out["applied"].append(applied)
+
+    for topic, payloads in sorted(wanted.items()):
+        document = tables[topic]
+        uri = document["uri"]
+        state = TableState.from_json(document["base"])
+        natives = _natives(topic, payloads, schema_of, "payload")
+        state_now, changes, dropped = reader_changes(
+            topic, state, natives, schema_of, keep_truncated=document["history"] is not None
+        )
+        layout = state_now.layout
+        if document["existing"] and changes.num_rows:
+            if stored_keys_among(uri, _new_keys(changes, layout.key_names), storage_options):
+                add(topic, "clash", None, {}, None)
+                continue
+        history = document["history"] is not None
+        _, result = apply_batch(
+            state_now, None, Stored.empty(layout), changes, dropped, history=history
+        )
+        files: list[tuple[str, str | None, Mapping[str, Any]]] = []
+        if result.rows.num_rows:
+            staged = _stage(uri, result.rows, batch_id, storage_options, target_file_size)
+            files += [("table", path, action) for path, action in staged]
+        if history and result.events:
+            versions = _history_rows(result.events, layout)
+            if versions.num_rows:
+                staged = _stage(
+                    document["history"], versions, batch_id, storage_options, target_file_size
+                )
+                files += [("history", path, action) for path, action in staged]
+        # The task's statistics travel on its first row (one even with nothing written).
+        stats: list[int] | None = list(result.stats.astuple())
+        for kind, path, action in files or [("none", None, {})]:
+            add(topic, kind, path, action, stats)
+            stats = None
     if out["topic"]:
         yield pa.RecordBatch.from_pydict(out, schema=_ACTIONS_SCHEMA)
+
+
+def actions_of(actions: pa.Table, topic: str, kind: str) -> pa.Table:
+    """The rows of ``actions`` (from :func:`write_files`) of ``topic`` and ``kind``."""
+    mask = pc.and_(pc.equal(actions.column("topic"), topic), pc.equal(actions.column("kind"), kind))
+    return actions.filter(mask)
 
 
 def applied_stats(actions: pa.Table, topic: str) -> ApplyStats:

@@ -6,6 +6,9 @@ list is omitted -- topics created later are picked up) and hands each
 micro-batch to :class:`cdcd.spark.mirror.MirrorJob` (``foreachBatch``), which
 decodes it per table and MERGEs it into each table's Delta table.
 
+* ``--bulk-rows N``: a batch bringing a table at least ``N`` new rows (100 000
+  by default; 0: never) is written by the executors, the driver committing
+  their files (:mod:`cdcd.spark.bulk`).
 * ``--storage-option KEY=VALUE`` (repeatable) is passed to delta-rs for
   object-store outputs (``s3://``, ``gs://``, ``abfss://``...).
 * ``--optimize`` (compaction, Z-order by key) and ``--vacuum`` (with
@@ -191,6 +194,7 @@ def start_query(
     options: Mapping[str, str] | None = None,
     checkpoint: str | None = None,
     history: bool = False,
+    bulk_rows: int | None = None,
 ) -> tuple[StreamingQuery, MirrorJob]:
     from cdcd.spark.mirror import MirrorJob, MirrorStore, is_local
     from cdcd.spark.reader import read_raw, schema_catalog
@@ -208,6 +212,8 @@ def start_query(
     catalog = schema_catalog(config, subscription)
     raw: DataFrame = read_raw(spark, subscription, streaming=True)
     job = MirrorJob(store, catalog, history=history_options(config, history))
+    if bulk_rows is not None:
+        job.bulk_rows = bulk_rows or None  # 0: every batch collected to the driver
     writer = (
         raw.writeStream.foreachBatch(job)
         .option("checkpointLocation", checkpoint)
@@ -252,10 +258,14 @@ def run_mirror(
     options: Mapping[str, str] | None = None,
     checkpoint: str | None = None,
     history: bool = False,
+    bulk_rows: int | None = None,
 ) -> int:
     """Run the mirror query; returns the exit code (errors raise :class:`CdcdError`).
 
-    ``history``: every table also gets its history table (``--history``)."""
+    ``history``: every table also gets its history table (``--history``).
+    ``bulk_rows`` (``--bulk-rows``): a batch bringing a table at least that many new
+    rows is written by the executors (:mod:`cdcd.spark.bulk`); 0: never; None: the
+    default."""
     own_session = spark is None
     session = spark if spark is not None else build_session(log_level=spark_log_level)
     from pyspark.errors import PySparkException
@@ -273,6 +283,7 @@ def run_mirror(
             options=options,
             checkpoint=checkpoint,
             history=history,
+            bulk_rows=bulk_rows,
         )
         failure: BaseException | None
         try:
@@ -333,6 +344,12 @@ def maintain(
     return 0
 
 
+def _bulk_rows(value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise ConfigError(f"--bulk-rows {value}: give a number of rows, or 0 for never")
+    return value
+
+
 def cmd_mirror(args: argparse.Namespace) -> int:
     """``cdcd mirror`` (dispatched from :mod:`cdcd.cli`)."""
     from cdcd.observability.logging import setup_logging
@@ -362,6 +379,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
             options=options,
             checkpoint=args.checkpoint,
             history=bool(getattr(args, "history", False)),
+            bulk_rows=_bulk_rows(getattr(args, "bulk_rows", None)),
         )
     except CdcdError:
         raise

@@ -672,6 +672,11 @@ def decode_payloads(
         )
         for g, t in decoded.items()
     ]
+    yield from payload_rows(natives)
+
+
+def payload_rows(natives: Iterable[NativeChanges]) -> Iterator[pa.RecordBatch]:
+    """Decoded changes as :data:`PAYLOAD_DDL` rows (what :func:`read_payloads` reads)."""
     # At most PAYLOAD_ROWS changes per payload: one value of a few MB, not one
     # the size of a task's share of a snapshot (the JVM holds each value whole).
     chunks = [

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from cdcd.spark.rows import META_LSN, META_SEQ, Version
@@ -147,6 +148,30 @@ def candidate_files(delta: DeltaTable, wanted: Mapping[str, pa.Array]) -> set[st
     return {os.path.basename(p) for p, k in zip(paths, keep, strict=True) if k}
 
 
+def pruned_dataset(delta: DeltaTable, wanted: Mapping[str, pa.Array] | None) -> ds.Dataset | None:
+    """The table's data files that may hold a ``wanted`` value of every column
+    (:func:`candidate_files`; all of them without ``wanted``), as a plain Parquet
+    dataset; None when no file can.
+
+    Plain: pyarrow's own filter pushdown on delta-rs's dataset trips over the
+    ``string_view`` columns delta-rs's MERGE writes, so callers filter batches."""
+    dataset = delta.to_pyarrow_dataset()
+    fragments = list(dataset.get_fragments())
+    if wanted:
+        candidates = candidate_files(delta, wanted)
+        if candidates is not None:
+            fragments = [f for f in fragments if os.path.basename(f.path) in candidates]
+    if not fragments:
+        return None
+    file_format = fragments[0].format
+    return ds.FileSystemDataset(
+        [file_format.make_fragment(f.path, f.filesystem) for f in fragments],
+        schema=dataset.schema,
+        format=file_format,
+        filesystem=fragments[0].filesystem,
+    )
+
+
 def older_mask(lsn: Any, seq: Any, version: Version) -> Any:
     return pc.or_(
         pc.less(lsn, version[0]), pc.and_(pc.equal(lsn, version[0]), pc.less(seq, version[1]))
@@ -159,3 +184,50 @@ def since_version(
     if table is None or version is None or not table.num_rows:
         return table
     return table.filter(pc.invert(older_mask(table.column(lsn), table.column(seq), version)))
+
+
+def commit_adds(
+    uri: str,
+    schema: pa.Schema,
+    actions: pa.Table,
+    *,
+    create: bool,
+    storage_options: Mapping[str, str],
+    commit_properties: Any,
+) -> None:
+    """Commit data files already in the table's directory (``actions``: one row per
+    file, :func:`cdcd.spark.bulk.write_files`) as one transaction: the table's first
+    version (``create``) or an append to it."""
+    import json
+
+    from deltalake import Schema
+    from deltalake.transaction import AddAction, create_table_with_add_actions
+
+    adds = [
+        AddAction(
+            row["path"],
+            row["size"],
+            json.loads(row["partition_values"]),
+            row["modification_time"],
+            True,
+            row["stats"] or "",
+        )
+        for row in actions.to_pylist()
+    ]
+    if create:
+        create_table_with_add_actions(
+            uri,
+            Schema.from_arrow(schema),
+            adds,
+            mode="error",
+            storage_options=dict(storage_options),
+            commit_properties=commit_properties,
+        )
+        return
+    from deltalake import DeltaTable
+    from deltalake.transaction import RemoveAction
+
+    appended: list[AddAction | RemoveAction] = [*adds]
+    DeltaTable(uri, storage_options=dict(storage_options)).create_write_transaction(
+        appended, mode="append", schema=schema, commit_properties=commit_properties
+    )

@@ -23,6 +23,7 @@ from cdcd.errors import DefiniteError
 from cdcd.spark.deltaio import (
     FORMAT,
     TARGET_FILE_SIZE_BYTES,
+    commit_adds,
     older_mask,
     range_condition,
     read_all,
@@ -271,6 +272,26 @@ class HistoryWrites:
             .execute()
         )
         return done
+
+    def commit_history_files(
+        self,
+        history: HistoryTable,
+        state: TableState,
+        batch_id: int,
+        actions: pa.Table,
+    ) -> HistoryTable:
+        """Commit version files the executors wrote into the history table (new rows'
+        open versions, :func:`cdcd.spark.bulk.write_files`) with the batch's
+        transaction id: its first version, or an append."""
+        commit_adds(
+            history.uri,
+            history_schema(state.layout),
+            actions,
+            create=history.layout is None,
+            storage_options=self.storage_options,
+            commit_properties=self._history_commit(state, batch_id, "batch"),
+        )
+        return replace(history, layout=state.layout.shape, applied_batch=batch_id)
 
     def _truncated(self, history: HistoryTable, delta: HistoryDelta, schema: pa.Schema) -> pa.Table:
         """Source rows ending, at the batch's first truncate, the current versions it

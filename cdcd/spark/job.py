@@ -1,10 +1,10 @@
 """The mirror's Spark job: what ``foreachBatch`` does with each micro-batch.
 
 :class:`MirrorJob` decodes the batch on the executors (each task reduces what
-it read: :func:`cdcd.spark.decode.decode_payloads`); a table new to the
-mirror that the batch fills in bulk is written by the executors
-(:mod:`cdcd.spark.bulk`), everything else is collected, already reduced, and
-applied table by table on the driver: pick the layout and key
+it read: :func:`cdcd.spark.decode.decode_payloads`); a table the batch brings
+many new rows (a new table, a later batch of its build) is written by the
+executors (:mod:`cdcd.spark.bulk`), everything else is collected, already
+reduced, and applied table by table on the driver: pick the layout and key
 (:func:`cdcd.spark.tablestate.reader_changes`), read the stored rows the changes
 touch, fold the changes (the pure :func:`cdcd.spark.tablestate.apply_batch`), and
 commit the difference (:class:`cdcd.spark.store.MirrorStore`), the history
@@ -168,8 +168,8 @@ class MirrorJob:
     #: Per-partition high-water marks reject repeats (Kafka); off for sources whose
     #: changes carry no partition order (:func:`cdcd.spark.autocdc.apply_changes`).
     track_partitions: bool = True
-    #: A table new to the mirror with at least this many changes in a batch is
-    #: written by the executors (:mod:`cdcd.spark.bulk`); None: always collected.
+    #: A batch bringing a table at least this many new rows is written by the
+    #: executors (:mod:`cdcd.spark.bulk`); None: always collected.
     bulk_rows: int | None = field(default_factory=lambda: bulk.BULK_ROWS)
 
     def __post_init__(self) -> None:
@@ -200,6 +200,13 @@ class MirrorJob:
         decoded = raw.mapInArrow(
             partial(decode_payloads, schema_of=schema_of, per_commit=per_commit), PAYLOAD_DDL
         )
+        return self.apply_payloads(decoded, batch_id)
+
+    def apply_payloads(self, decoded: DataFrame, batch_id: int) -> BatchReport:
+        """Apply a batch of decoded payloads (:data:`cdcd.spark.decode.PAYLOAD_DDL`, one
+        key's changes in one task): the large batches of new rows written by the
+        executors, the rest collected and applied here."""
+        schema_of = self.catalog.schema
         threshold = self.bulk_rows
         if threshold is None:
             return self.apply(batch_id, read_payloads(decoded.toArrow(), schema_of))
@@ -237,19 +244,20 @@ class MirrorJob:
             summary.filter(large_mask),
             threshold,
             schema_of,
-            self._new_table,
+            partial(self._bulk_target, batch_id=batch_id),
             self.track_partitions,
         )
         written = self._write_bulk(decoded, tables, batch_id) if tables else {}
         # The payloads that came with the summary, but for the tables written above
-        # and the topics some payloads of which stayed on the executors.
-        taken = pc.is_in(topics, pa.array(sorted(withheld | set(tables)), pa.string()))
+        # and the topics some payloads of which stayed on the executors (a table
+        # the executors found keys of already stored is applied here after all).
+        taken = pc.is_in(topics, pa.array(sorted(withheld | set(written)), pa.string()))
         payloads = summary.filter(pc.invert(taken)).select(
             ["topic", "header", "identity", "payload"]
         )
         skipped = 0
         collect = []
-        for topic in sorted(withheld - set(tables)):
+        for topic in sorted(withheld - set(written)):
             if self._applied(summary, topic, batch_id):
                 skipped += 1  # a replayed batch: not collected to be skipped
             else:
@@ -262,17 +270,39 @@ class MirrorJob:
         report = self.apply(batch_id, read_payloads(payloads, schema_of))
         if not written and not report.tables and (report.skipped or skipped):
             return BatchReport(batch_id, 0, {}, skipped=True)
-        tables_stats = {**report.tables, **{n: s for n, (_, s) in written.items()}}
-        changes = report.changes + sum(c for c, _ in written.values())
+        tables_stats = {**report.tables, **{n: s for n, _, s in written.values()}}
+        changes = report.changes + sum(c for _, c, _ in written.values())
         return BatchReport(batch_id, changes, tables_stats)
 
-    def _new_table(self, topic: str, schema: str, table: str) -> str | None:
-        """Where a table new to the mirror goes (None: the mirror has it, or its history)."""
-        if self.store.load(topic, schema, table) is not None:
+    def _bulk_target(
+        self, topic: str, schema: str, table: str, *, batch_id: int
+    ) -> bulk.BulkTarget | None:
+        """Where the executors may write a table's batch (None: the driver applies it).
+
+        A table new to the mirror, or one that holds no held-back change nor
+        recent delete (the side tables) and has not seen this batch; with a
+        history table, one the batch is not in yet that exists unless the table
+        is new too (starting the history of a mirrored table reads its rows).
+        """
+        store = self.store
+        mirrored = store.load(topic, schema, table)
+        if mirrored is not None and (
+            mirrored.applied_batch >= batch_id
+            or mirrored.pending_version is not None
+            or mirrored.recent_version is not None
+        ):
             return None
-        if self.history.enabled(f"{schema}.{table}"):
-            return None
-        return self.store.uri_of(topic, schema, table)
+        uri = mirrored.uri if mirrored is not None else store.uri_of(topic, schema, table)
+        existing = mirrored.state if mirrored is not None else None
+        if not self.history.enabled(f"{schema}.{table}"):
+            return bulk.BulkTarget(uri, existing)
+        history = store.history(uri)
+        if history.applied_batch >= batch_id:
+            # Committed before a crash that came before the table's commit.
+            return bulk.BulkTarget(uri, existing)
+        if (history.layout is None) != (mirrored is None):
+            return None  # a history to start from stored rows, or left by an old query
+        return bulk.BulkTarget(uri, existing, history.uri, history.layout)
 
     def _applied(self, summary: pa.Table, topic: str, batch_id: int) -> bool:
         rows = summary.filter(pc.equal(summary.column("topic"), topic))
@@ -282,12 +312,14 @@ class MirrorJob:
 
     def _write_bulk(
         self, decoded: DataFrame, tables: Mapping[str, bulk.BulkTable], batch_id: int
-    ) -> dict[str, tuple[int, ApplyStats]]:
-        """The executors write the ``tables``' data files; one commit per table here."""
+    ) -> dict[str, tuple[str, int, ApplyStats]]:
+        """The executors write the ``tables``' data files; one commit per table here
+        (its history table's first). By topic: (table name, changes, statistics) of
+        the tables committed; a table a task found stored keys of is not."""
         actions = decoded.mapInArrow(
             partial(
                 bulk.write_files,
-                tables={t: (b.state.to_json(), b.uri) for t, b in tables.items()},
+                tables={t: b.document() for t, b in tables.items()},
                 batch_id=batch_id,
                 schema_of=self.catalog.schema,
                 storage_options=self.store.storage_options,
@@ -299,16 +331,38 @@ class MirrorJob:
             kill_self("with the executors' data files written but not committed")
         out = {}
         for topic, table in sorted(tables.items()):
-            mine = actions.filter(pc.equal(actions.column("topic"), topic))
-            self.store.commit_files(table.state, table.uri, batch_id, mine)
-            out[table.state.name] = (table.changes, bulk.applied_stats(mine, topic))
+            name = table.state.name
+            if bulk.actions_of(actions, topic, "clash").num_rows:
+                log.info("%s: the batch inserts keys the table holds, applied by the driver", name)
+                continue
+            files = bulk.actions_of(actions, topic, "table")
+            history_uri = table.target.history_uri
+            if history_uri is not None:
+                self._commit_bulk_history(
+                    table, batch_id, bulk.actions_of(actions, topic, "history")
+                )
+            self.store.commit_files(
+                table.state, table.uri, batch_id, files, create=table.target.existing is None
+            )
+            out[topic] = (name, table.changes, bulk.applied_stats(actions, topic))
             log.info(
                 "%s: %d rows written by the executors in %d data files",
-                table.state.name,
+                name,
                 table.changes,
-                mine.num_rows,
+                files.num_rows,
             )
         return out
+
+    def _commit_bulk_history(self, table: bulk.BulkTable, batch_id: int, files: pa.Table) -> None:
+        """Commit the versions the executors wrote to the table's history table, before
+        the table itself (a replay after a crash between the two skips the history)."""
+        history = self.store.history(table.uri)
+        fault = self.fault
+        if fault is not None and fault.armed("before-history", batch_id):
+            kill_self("before the history commit")
+        self.store.commit_history_files(history, table.state, batch_id, files)
+        if fault is not None and fault.armed("after-history", batch_id):
+            kill_self("after the history commit")
 
     def apply(self, batch_id: int, decoded: Mapping[str, Sequence[NativeChanges]]) -> BatchReport:
         """Apply a decoded batch (by topic) table by table, one commit each: no Spark here."""

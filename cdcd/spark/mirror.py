@@ -51,11 +51,12 @@ commit leaves unreferenced files only.
 
 Large changes
 -------------
-A batch that fills a table new to the mirror with many rows (an initial
-build, a table's snapshot) is not collected: each Spark task writes its
-share as data files into the table's directory and returns their add
-actions; the driver commits them in one transaction with the same ``txn``
-and metadata (:mod:`cdcd.spark.bulk`).
+A batch that brings a table many new rows (an initial build and each later
+batch of it, a table's snapshot) is not collected: each Spark task proves
+its keys are not stored yet, writes its share as data files into the
+table's directory (and the rows' open versions into its history table's)
+and returns their add actions; the driver commits them in one transaction
+with the same ``txn`` and metadata (:mod:`cdcd.spark.bulk`).
 
 Identity: each change is matched by the key of its Kafka message (or the
 whole row for a null key); a batch that changes a table's key reads the

@@ -101,6 +101,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from cdcd.consumer import list_topics
 from cdcd.errors import ConfigError, DefiniteError, TransientError
 
 __all__ = [
@@ -345,12 +346,7 @@ class KafkaClient:
     def discover(self) -> list[tuple[str, int]]:
         """Every partition of the subscribed topics that exist now."""
         timeout = self.options.probe_timeout_s
-        try:
-            metadata = self._consumer.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            raise TransientError(
-                f"cannot list topics at {self.options.bootstrap_servers} within {timeout:g} s: {exc}"
-            ) from exc
+        metadata = list_topics(self._consumer, self.options.bootstrap_servers, timeout)
         wanted = set(self.options.topics)
         found: list[tuple[str, int]] = []
         for name, topic in metadata.topics.items():

@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from cdcd.errors import ConfigError, DefiniteError
 from cdcd.spark.deltaio import (
     FORMAT,
     TARGET_FILE_SIZE_BYTES,
-    candidate_files,
+    commit_adds,
     is_local,
     local_path,
     older_mask,
     older_sql,
+    pruned_dataset,
     range_condition,
     read_all,
     since_version,
@@ -282,21 +282,9 @@ class MirrorStore(HistoryWrites):
             else:
                 lsns = pa.chunked_array([p.column("lsn") for p in rows])
                 wanted = {META_LSN: pc.unique(lsns).cast(pa.int64())}
-        dataset = delta.to_pyarrow_dataset()
-        fragments = list(dataset.get_fragments())
-        if wanted:
-            candidates = candidate_files(delta, wanted)
-            if candidates is not None:
-                fragments = [f for f in fragments if os.path.basename(f.path) in candidates]
-        if not fragments:
+        plain = pruned_dataset(delta, wanted)
+        if plain is None:
             return schema.empty_table()
-        file_format = fragments[0].format
-        plain = ds.FileSystemDataset(
-            [file_format.make_fragment(f.path, f.filesystem) for f in fragments],
-            schema=dataset.schema,
-            format=file_format,
-            filesystem=fragments[0].filesystem,
-        )
         found = []
         for batch in plain.to_batches():
             table = conform(pa.Table.from_batches([batch]), schema, "stored rows")
@@ -499,36 +487,26 @@ class MirrorStore(HistoryWrites):
         return updated
 
     def commit_files(
-        self, state: TableState, uri: str, batch_id: int, actions: pa.Table
+        self, state: TableState, uri: str, batch_id: int, actions: pa.Table, *, create: bool
     ) -> Mirrored:
-        """Create the table at ``uri`` from data files the executors wrote
-        (:func:`cdcd.spark.bulk.write_files`: one row per file), in one commit with the
-        batch's transaction id and ``state``. Files written but not committed here
+        """Commit data files the executors wrote into the table at ``uri``
+        (:func:`cdcd.spark.bulk.write_files`: one row per file): the table's first
+        version (``create``) or an append, in one commit with the batch's transaction
+        id and ``state`` (no held-back changes nor recent deletes: the bulk path
+        takes only tables without them). Files written but not committed here
         belong to no version."""
-        from deltalake import CommitProperties, Schema, Transaction
-        from deltalake.transaction import AddAction, create_table_with_add_actions
+        from deltalake import CommitProperties, Transaction
 
         updated = Mirrored(state, uri, None, None, batch_id)
         commit = CommitProperties(
             custom_metadata=self._metadata(updated, batch_id),
             app_transactions=[Transaction(self.app_id, batch_id)],
         )
-        adds = [
-            AddAction(
-                row["path"],
-                row["size"],
-                json.loads(row["partition_values"]),
-                row["modification_time"],
-                True,
-                row["stats"] or "",
-            )
-            for row in actions.to_pylist()
-        ]
-        create_table_with_add_actions(
+        commit_adds(
             uri,
-            Schema.from_arrow(state_schema(state.layout)),
-            adds,
-            mode="error",
+            state_schema(state.layout),
+            actions,
+            create=create,
             storage_options=self.storage_options,
             commit_properties=commit,
         )

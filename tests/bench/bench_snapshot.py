@@ -1,6 +1,7 @@
 """Initial snapshot of the SPEC §9 ``orders`` table against its ``COPY`` ceiling.
 
-Run: ``.venv/bin/python -m tests.bench.bench_snapshot [--rows 1000000] [--connections 1,2]``.
+Run: ``.venv/bin/python -m tests.bench.bench_snapshot [--rows 1000000] [--connections 1,2]
+[--processes 2]``.
 
 Uses ``cdcd bench``'s own pieces (``cdcd.tools.bench``): a throwaway
 PostgreSQL 15 and broker (or ``--dsn`` / ``--bootstrap-servers``), the §9
@@ -10,6 +11,9 @@ load, then per connection count:
   connections, the session in this process): rows/s from the first read to
   the last acknowledgement, cdcd's CPU per row (this process, the bench's
   threads left out) and the server's CPU per row (the backends, from /proc);
+  with ``--processes N``, also read by N worker processes (``snapshot.processes``):
+  cdcd's CPU is then this process's plus the workers' (their whole lives),
+  and the workers' peak RSS and this process's are printed;
 * ``COPY … TO STDOUT`` of the same table over the same number of
   connections, each from a client process of its own, to /dev/null: the
   rate and server CPU per row PostgreSQL needs to hand the rows over at all;
@@ -93,6 +97,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--connections", default="1,2", help="comma-separated counts to compare")
+    parser.add_argument(
+        "--processes", default="", help="comma-separated worker process counts to compare too"
+    )
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--bootstrap-servers", default=None)
     parser.add_argument("--seed", type=int, default=1)
@@ -107,16 +114,22 @@ def main() -> None:
         finally:
             conn.close()
         load(dsn, args.rows, args.seed, args.json)
-        for connections in (int(c) for c in args.connections.split(",")):
-            # The bench's one knob for the snapshot's readers (module attribute).
-            # The bench's knobs for the snapshot (module attributes): a slot of
-            # its own per run, since each run creates its slot exporting a snapshot.
-            bench_session.SNAPSHOT_CONNECTIONS = connections
-            bench_session.SNAPSHOT_SLOT = f"cdcd_bench_snapshot_{connections}"
-            run = bench_session.initial_snapshot(dsn, bootstrap, args.rows)
+        runs = [(int(c), 0) for c in args.connections.split(",") if c]
+        runs += [(int(p), int(p)) for p in args.processes.split(",") if p and int(p) > 0]
+        for connections, processes in runs:
+            # A slot of its own per run (module attribute), since each run
+            # creates its slot exporting a snapshot.
+            bench_session.SNAPSHOT_SLOT = f"cdcd_bench_snapshot_{connections}_{processes}"
+            run = bench_session.initial_snapshot(
+                dsn, bootstrap, args.rows, connections=connections, processes=processes
+            )
             copy = copy_ceiling(dsn, connections)
             figures = {
                 "connections": connections,
+                "processes": processes,
+                "workers_cpu_us_per_row": round(run.workers_cpu_s / args.rows * 1e6, 2),
+                "workers_peak_rss_mb": run.workers_peak_rss_mb or [],
+                "parent_peak_rss_mb": round(run.parent_peak_rss_mb, 1),
                 "rows": args.rows,
                 "rows_per_s": round(args.rows / run.seconds),
                 "cdcd_cpu_us_per_row": round(run.cdcd_cpu_s / args.rows * 1e6, 2),
@@ -129,11 +142,13 @@ def main() -> None:
                 print(json.dumps(figures), flush=True)
             else:
                 print(
-                    f"{connections} connection(s): snapshot {figures['rows_per_s']:,} rows/s, "
+                    f"{connections} connection(s), {processes} processes: snapshot "
+                    f"{figures['rows_per_s']:,} rows/s, "
                     f"cdcd {figures['cdcd_cpu_us_per_row']} µs/row, server "
                     f"{figures['server_cpu_us_per_row']} µs/row | COPY {figures['copy_rows_per_s']:,} "
                     f"rows/s, server {figures['copy_server_cpu_us_per_row']} µs/row | "
-                    f"ratio {figures['ratio_copy']}",
+                    f"ratio {figures['ratio_copy']} | peak RSS workers "
+                    f"{figures['workers_peak_rss_mb']} MB, this process {figures['parent_peak_rss_mb']} MB",
                     flush=True,
                 )
         if args.incremental:

@@ -1,7 +1,8 @@
 """The driver's memory for an initial build, with and without the executors writing (issue 28).
 
 Run: ``.venv/bin/python -m tests.bench.bench_spark_build [--rows 1000000] [--dir D]
-[--modes driver executors]``. Not a test, and not run by the suite.
+[--modes driver executors] [--batch-rows 500000] [--code DIR]``. Not a test, and not
+run by the suite.
 
 One micro-batch holds the snapshot of an ``orders``-like table (bigint key,
 int, text, numeric(12,2), timestamptz, a 32-character text): ``--rows``
@@ -18,6 +19,12 @@ mode then runs in a fresh process with a ``local[2]`` session:
   (``toArrow``), applies and writes them;
 * ``executors``: the default ``bulk_rows`` -- the executors write the data
   files, the driver commits their add actions (:mod:`cdcd.spark.bulk`).
+
+``--batch-rows N`` splits the build into micro-batches of ``N`` rows (a
+multiple of 100 000), the way ``cdcd mirror --once`` reads at most 500 000
+offsets per batch: the first batch creates the table, the others add to it.
+``--code DIR`` runs the children with another copy of the ``cdcd`` package
+first on ``sys.path`` (an older commit's, to compare before and after).
 
 Both modes run with ``spark.driver.memory=4g`` and
 ``spark.driver.maxResultSize=0``: with Spark's defaults (1 GB each) the
@@ -118,7 +125,7 @@ def _tree_cpu_s(root: int) -> float:
     return total
 
 
-def _build(raw_dir: Path, output: Path, mode: str) -> dict[str, Any]:
+def _build(raw_dir: Path, output: Path, mode: str, batch_rows: int) -> dict[str, Any]:
     """One build in this process (the mode's child)."""
     from cdcd.consumer import SchemaCatalog, fingerprint_header
     from cdcd.spark import bulk
@@ -137,14 +144,18 @@ def _build(raw_dir: Path, output: Path, mode: str) -> dict[str, Any]:
         conf={"spark.driver.memory": "4g", "spark.driver.maxResultSize": "0"},
     )
     jvm_pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
-    raw = spark.read.parquet(*sorted(str(p) for p in raw_dir.glob("*.parquet")))
+    chunks = sorted(str(p) for p in raw_dir.glob("*.parquet"))
+    per_batch = max(1, batch_rows // CHUNK) if batch_rows else len(chunks)
     store = MirrorStore(output)
     store.open()
     job = MirrorJob(store, catalog, bulk_rows=None if mode == "driver" else bulk.BULK_ROWS)
     job.ready.set()
     cpu_before = _tree_cpu_s(os.getpid())
     started = time.monotonic()
-    report = job.process(raw, 0)
+    changes = 0
+    for batch_id, first in enumerate(range(0, len(chunks), per_batch)):
+        raw = spark.read.parquet(*chunks[first : first + per_batch])
+        changes += job.process(raw, batch_id).changes
     wall = time.monotonic() - started
     result = {
         "wall_s": wall,
@@ -152,7 +163,8 @@ def _build(raw_dir: Path, output: Path, mode: str) -> dict[str, Any]:
         "driver_peak_rss_mb": _status_mb("self", "VmHWM"),
         "driver_arrow_peak_mb": pa.default_memory_pool().max_memory() / 2**20,
         "jvm_peak_rss_mb": _status_mb(jvm_pid, "VmHWM"),
-        "changes": report.changes,
+        "changes": changes,
+        "code": bulk.__file__,
     }
     spark.stop()
     table = output / "public.orders"
@@ -168,14 +180,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, default=None, help="raw rows are kept here")
     parser.add_argument("--modes", nargs="+", default=["driver", "executors"])
+    parser.add_argument("--batch-rows", type=int, default=0, help="rows per micro-batch")
+    parser.add_argument("--code", type=Path, default=None, help="another cdcd package's parent")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         raw_dir, output, mode = args.child
-        print(json.dumps(_build(Path(raw_dir), Path(output), mode)), flush=True)
+        result = _build(Path(raw_dir), Path(output), mode, args.batch_rows)
+        print(json.dumps(result), flush=True)
         return
     print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} load={os.getloadavg()}")
-    base = args.dir or Path(tempfile.mkdtemp(prefix="bench-spark-build-"))
+    base = (args.dir or Path(tempfile.mkdtemp(prefix="bench-spark-build-"))).resolve()
     raw_dir = base / f"raw-{args.rows}"
     if not (raw_dir / "schemas.json").exists():
         shutil.rmtree(raw_dir, ignore_errors=True)
@@ -183,8 +198,13 @@ def main() -> None:
         _generate(args.rows, raw_dir)
         print(f"generated {args.rows:,} raw rows in {time.monotonic() - started:.0f} s", flush=True)
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    # The children run outside the project directory, so that the driver and the
+    # Python workers Spark starts import cdcd from --code when it is given.
+    project = str(Path(__file__).resolve().parents[2])
+    code = [str(args.code.resolve())] if args.code is not None else []
+    env["PYTHONPATH"] = os.pathsep.join([*code, project, env.get("PYTHONPATH", "")])
     for mode in args.modes:
-        output = base / f"mirror-{mode}"
+        output = base / f"mirror-{mode}-{os.getpid()}"  # runs may share --dir
         shutil.rmtree(output, ignore_errors=True)
         done = subprocess.run(
             [
@@ -195,8 +215,11 @@ def main() -> None:
                 str(raw_dir),
                 str(output),
                 mode,
+                "--batch-rows",
+                str(args.batch_rows),
             ],  # fmt: skip
             env=env,
+            cwd=base,
             capture_output=True,
             text=True,
             check=False,
@@ -206,7 +229,8 @@ def main() -> None:
             continue
         result = json.loads(done.stdout.strip().splitlines()[-1])
         print(
-            f"rows={args.rows:>10,} mode={mode:9} batch {result['wall_s']:7.1f} s wall, "
+            f"rows={args.rows:>10,} mode={mode:9} batches of {args.batch_rows or args.rows:,} "
+            f"({result['code']}): {result['wall_s']:7.1f} s wall, "
             f"{result['cpu_s']:7.1f} CPU-s (driver, JVM, workers); "
             f"driver peak RSS {result['driver_peak_rss_mb']:7.0f} MB, "
             f"driver Arrow peak {result['driver_arrow_peak_mb']:7.0f} MB, "

@@ -63,7 +63,7 @@ def test_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGPASSWORD", "example-secret")
     monkeypatch.delenv("CDCD_SPILL_DIR", raising=False)
     config = load_config(EXAMPLE)
-    assert "password=example-secret" in config.postgres.dsn
+    assert "password=example-secret" in config.postgres.dsn.get_secret_value()
     assert config.postgres.spill_dir == "/var/lib/cdcd"
     assert config.redacted()["postgres"]["dsn"].endswith("password=***")
     # Every section is shown, so the example doubles as a tour of the file.

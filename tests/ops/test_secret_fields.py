@@ -1,4 +1,4 @@
-"""Credentials in ``kafka.producer`` and ``schema_registry.config`` are pydantic ``SecretStr``.
+"""Credentials in ``postgres.dsn``, ``kafka.producer`` and ``schema_registry.config`` are ``SecretStr``.
 
 No repr of the configuration (a log line, a traceback, a debugger) shows them;
 the clients still get the plain value: librdkafka's configuration and the
@@ -7,18 +7,21 @@ registry client's settings are built from the revealed properties.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import psycopg2.extensions
 import pytest
 from pydantic import SecretStr
 
 from cdcd.config.kafka_client import admin_config
-from cdcd.config.model import parse_config
+from cdcd.config.model import load_config, parse_config
 from cdcd.envelope import wire
 from cdcd.sink.producer import build_producer_config
 
 SASL = "sasl-Zebra7 'q'"
 USER_INFO = "reg-user:reg-Pass9"
+DSN_PASSWORD = "pg-Orca5 'x'"
 
 
 def _config() -> Any:
@@ -74,3 +77,24 @@ def test_the_registry_client_gets_the_plain_credentials(monkeypatch: pytest.Monk
     config = _config()
     wire.registry_client("http://registry:8081", config.schema_registry.config)
     assert seen["basic.auth.user.info"] == USER_INFO and seen["timeout"] == 7
+
+
+def test_no_repr_of_the_configuration_shows_the_dsn_password(tmp_path: Path) -> None:
+    """``postgres.dsn`` is a ``SecretStr``: a loaded configuration prints none of its password."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "postgres: {dsn: 'host=db user=cdc password=${CDCD_DSN_SECRET}'}\n"
+        "kafka: {bootstrap_servers: k}\n",
+        encoding="utf-8",
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CDCD_DSN_SECRET", DSN_PASSWORD)
+        config = load_config(path)
+    for shown in (config, config.postgres):
+        for text in (repr(shown), str(shown)):
+            assert DSN_PASSWORD not in text and "Orca" not in text, text
+    assert isinstance(config.postgres.dsn, SecretStr)
+    # The client gets it only when it asks for the text, quoted the libpq way.
+    revealed = config.postgres.dsn.get_secret_value()
+    assert psycopg2.extensions.parse_dsn(revealed)["password"] == DSN_PASSWORD
+    assert config.redacted()["postgres"]["dsn"] == "host=db user=cdc password=***"

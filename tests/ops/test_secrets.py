@@ -131,7 +131,7 @@ def test_expansion_of_other_positions_and_fields(tmp_path: Path) -> None:
     secret = "a 'b' \\c"
     with environment(PGHOST="db.example.com", SUFFIX="_1", PGPASSWORD=secret, BROKERS="k1:9092,k2:9092"):
         config = load_config(path)
-    assert psycopg2.extensions.parse_dsn(config.postgres.dsn) == {
+    assert psycopg2.extensions.parse_dsn(config.postgres.dsn.get_secret_value()) == {
         "host": "db.example.com",
         "dbname": "app_1",
         "password": f"pre{secret}post x",  # "\ " in the file is an escaped blank, as libpq reads it
@@ -149,7 +149,7 @@ def test_a_whole_dsn_from_one_variable_is_inserted_as_it_is(tmp_path: Path, valu
     path = tmp_path / "c.yaml"
     path.write_text("postgres: {dsn: '${DATABASE_URL}'}\nkafka: {bootstrap_servers: k}\n")
     with environment(DATABASE_URL=value):
-        assert load_config(path).postgres.dsn == value
+        assert load_config(path).postgres.dsn.get_secret_value() == value
 
 
 def test_an_unset_variable_in_the_dsn_is_a_config_error(tmp_path: Path) -> None:

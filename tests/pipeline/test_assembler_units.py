@@ -21,15 +21,13 @@ the stream changed: the keys it reports, and the swap back to the plain
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fastavro
 import pytest
+from support.cdc import SchemaBook
 
 from cdcd.ack.tracker import AckTracker
 from cdcd.decode.relations import RelationCache, TableVersion
@@ -65,6 +63,7 @@ from cdcd.protocol.messages import (
     Update,
 )
 from tests.protocol.test_golden import SCENARIOS, Golden, golden
+from tests.snapshot.test_copy_reads import copy_line
 from tests.support.fault_sink import FakeMessage, FaultSink
 
 START = Lsn(0)
@@ -236,8 +235,8 @@ class Rig:
     ) -> None:
         self.g = golden(name)
         self.sink = sink if sink is not None else FaultSink()
-        self.schemas: dict[str, Any] = {}
-        wire = SingleObjectFormat(self._schema)
+        self.book = SchemaBook()
+        wire = SingleObjectFormat(self.book.add)
         self.tracker = AckTracker(START, classify=self.sink.delivery_failure)
         self.publisher = Publisher(
             self.sink,
@@ -261,9 +260,6 @@ class Rig:
         self.confirmed: list[Lsn] = []  # after each step and its poll
         self.spilled: list[int] = []  # assembler.spilled_bytes after each step
 
-    def _schema(self, key: bytes, value: bytes) -> None:
-        self.schemas[key.decode()] = fastavro.parse_schema(json.loads(value))
-
     def feed(self, until: Callable[[Message], bool] | None = None) -> None:
         """Feed the capture's next messages (through the first that ``until`` accepts)."""
         payloads = self.g.payloads
@@ -281,12 +277,7 @@ class Rig:
         self.sink.flush()
 
     def decode(self, data: bytes) -> dict[str, Any]:
-        assert data[:2] == b"\xc3\x01"
-        record = fastavro.schemaless_reader(
-            io.BytesIO(data[10:]), self.schemas[data[2:10].hex()], None
-        )
-        assert isinstance(record, dict)
-        return record
+        return self.book.record(data)
 
     def signature(self, m: FakeMessage) -> Signature:
         value = m.value()
@@ -512,14 +503,18 @@ def _produced_keys(rig: Rig, table: str) -> set[tuple[int, bytes]]:
     return found
 
 
+def _watched_keys(rig: Rig, name: str) -> list[tuple[int, bytes | None]]:
+    """Feed the capture, watching table ``name`` from its first Relation on: what was reported."""
+    recorded: list[tuple[int, bytes | None]] = []
+    rig.feed(until=lambda m: isinstance(m, Relation) and m.name == name)
+    rig.publisher.watch(rig.g.relation(name).relation_id, lambda x, k: recorded.append((x, k)))
+    rig.feed()
+    return recorded
+
+
 def test_watch_reports_keys_of_the_watched_table_only() -> None:
     rig = Rig("identity")
-    recorded: list[tuple[int, bytes | None]] = []
-    rig.feed(until=lambda m: isinstance(m, Relation) and m.name == "ident_index")
-    rig.publisher.watch(
-        rig.g.relation("ident_index").relation_id, lambda x, k: recorded.append((x, k))
-    )
-    rig.feed()
+    recorded = _watched_keys(rig, "ident_index")
     table = rig.table("ident_index")
     assert None not in {k for _, k in recorded}
     keys = [_key_fields(rig, table, k) for _, k in recorded if k is not None]
@@ -532,12 +527,7 @@ def test_watch_reports_keys_of_the_watched_table_only() -> None:
 
 def test_watch_sees_replayed_streamed_changes_but_not_aborted_ones(tmp_path: Path) -> None:
     rig = Rig("stream", spill_bytes=0, spill_dir=tmp_path)
-    recorded: list[tuple[int, bytes | None]] = []
-    rig.feed(until=lambda m: isinstance(m, Relation) and m.name == "stream_rows")
-    rig.publisher.watch(
-        rig.g.relation("stream_rows").relation_id, lambda x, k: recorded.append((x, k))
-    )
-    rig.feed()
+    recorded = _watched_keys(rig, "stream_rows")
     assert recorded and set(recorded) == _produced_keys(rig, "stream_rows")
     sub = next(m.subxid for m in rig.g.messages if isinstance(m, StreamAbort) and m.subxid != m.xid)
     table = rig.table("stream_rows")
@@ -548,12 +538,7 @@ def test_watch_sees_replayed_streamed_changes_but_not_aborted_ones(tmp_path: Pat
 
 def test_watch_reports_truncate_as_none() -> None:
     rig = Rig("truncate")
-    recorded: list[tuple[int, bytes | None]] = []
-    rig.feed(until=lambda m: isinstance(m, Relation) and m.name == "trunc_child")
-    rig.publisher.watch(
-        rig.g.relation("trunc_child").relation_id, lambda x, k: recorded.append((x, k))
-    )
-    rig.feed()
+    recorded = _watched_keys(rig, "trunc_child")
     assert [k for _, k in recorded] == [None, None]  # both truncates list trunc_child
     truncating = [t.xid for t in rig.expected() if any(isinstance(c, Truncate) for c in t.changes)]
     assert [x for x, _ in recorded] == truncating[1:]
@@ -575,12 +560,13 @@ def test_watched_keys_are_the_keys_snapshot_rows_are_skipped_by() -> None:
     encoder = rig.publisher.snapshot_encoder(table)
     assert encoder is not None
     columns = len(table.columns)
-    rows = [
-        TupleData(b"t" + b"n" * (columns - 1), (b"%d" % i, *[None] * (columns - 1)))
+    rows = b"".join(
+        copy_line(TupleData(b"t" + b"n" * (columns - 1), (b"%d" % i, *[None] * (columns - 1))))
         for i in (1, 2, 3, 4, 5)
-    ]
+    )
     rig.publisher.begin_transaction(xid + 1, Lsn(0x7000_0000), 0)
-    _, sent = rig.publisher.snapshot_in_transaction(encoder, rows, {k for _, k in recorded if k})
+    skip = {k for _, k in recorded if k}
+    _, sent = rig.publisher.snapshot_copy_in_transaction(encoder, rows, skip)
     rig.publisher.commit_transaction(Lsn(0x7000_0100))
     assert sent == 2
     reads = [

@@ -32,7 +32,7 @@ import pytest
 from support.cdc import PROJECT_ROOT, SHORT_STARTUP_RETRY, cdcd_argv, write_config
 from support.pg import PgDatabase, create_publication, create_slot
 
-from cdcd.pipeline.resync import remember_slot
+from cdcd.pipeline.slot_record import remember_slot
 from cdcd.snapshot.daemons import register
 from cdcd.snapshot.store import SignalTable
 from cdcd.source.database import SourceDatabase

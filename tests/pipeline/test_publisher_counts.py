@@ -11,21 +11,19 @@ consumer would (tombstones are not events).
 
 from __future__ import annotations
 
-import io
-import json
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
-import fastavro
 import pytest
+from support.cdc import SchemaBook
 
 from cdcd.ack.tracker import AckTracker
 from cdcd.decode.relations import RelationCache, TableVersion
 from cdcd.decode.types import StaticCatalog
-from cdcd.envelope.encoder import EnvelopeEncoder
+from cdcd.envelope.encoder import EnvelopeEncoder, make_stamp
 from cdcd.envelope.wire import SingleObjectFormat
+from cdcd.naming import LSN_HEADER
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.publisher import Publisher
 from cdcd.protocol import Lsn
@@ -41,6 +39,8 @@ from cdcd.protocol.messages import (
 )
 from cdcd.sink.producer import classify_delivery_report
 from cdcd.snapshot.progress import TableProgress
+from cdcd.snapshot.rows import encode_reads
+from tests.snapshot.test_copy_reads import copy_line
 from tests.support.recording_sink import RecordingSink
 
 INT4, TEXT = 23, 25
@@ -51,11 +51,11 @@ class _Rig:
     """A publisher over tables a, b, c (captured) and x (not captured)."""
 
     def __init__(self, transaction_records: bool = False) -> None:
-        self.schemas: dict[str, Any] = {}
+        self.book = SchemaBook()
         self.producer = RecordingSink()
         self.metrics = Metrics(process_collectors=False)
         self.tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
-        wire = SingleObjectFormat(self._schema)
+        wire = SingleObjectFormat(self.book.add)
         self.publisher = Publisher(
             self.producer,
             self.tracker,
@@ -80,9 +80,6 @@ class _Rig:
         }
         self.lsn = 0x100_0000
         self._xid = 700
-
-    def _schema(self, key: bytes, value: bytes) -> None:
-        self.schemas[key.decode()] = fastavro.parse_schema(json.loads(value))
 
     # -- driving ---------------------------------------------------------------------
 
@@ -127,27 +124,21 @@ class _Rig:
         """Initial-snapshot rows in a ticket of their own, counted as the snapshot does."""
         encoder = self.publisher.snapshot_encoder(self.tables[name])
         assert encoder is not None
-        data = [self._row(i) for i in range(rows)]
-        self.publisher.snapshot_chunk(encoder, data, Lsn(self.lsn), 0, 0)
+        stamp = make_stamp(0, Lsn(self.lsn), 0, snapshot=True)
+        data = b"".join(copy_line(self._row(i)) for i in range(rows))
+        messages = encode_reads(encoder, data, stamp, 0, (LSN_HEADER, stamp.lsn_header))
+        self.publisher.snapshot_messages(encoder.topic, messages, Lsn(self.lsn))
         self.progress[name].chunk(rows, rows)
 
     def snapshot_in_transaction(self, name: str, rows: int) -> None:
         """An incremental snapshot chunk inside the current transaction."""
         encoder = self.publisher.snapshot_encoder(self.tables[name])
         assert encoder is not None
-        data = [self._row(i) for i in range(rows)]
-        _, sent = self.publisher.snapshot_in_transaction(encoder, data, None)
+        data = b"".join(copy_line(self._row(i)) for i in range(rows))
+        _, sent = self.publisher.snapshot_copy_in_transaction(encoder, data, None)
         self.progress[name].chunk(rows, sent)
 
     # -- checking --------------------------------------------------------------------
-
-    def decode(self, value: bytes) -> dict[str, Any]:
-        assert value[:2] == b"\xc3\x01"
-        record = fastavro.schemaless_reader(
-            io.BytesIO(value[10:]), self.schemas[value[2:10].hex()], None
-        )
-        assert isinstance(record, dict)
-        return record
 
     def produced(self) -> Counter[tuple[str, str]]:
         """Envelopes produced so far by (table, op), decoded as a consumer would."""
@@ -155,7 +146,7 @@ class _Rig:
         for topic, _key, value, _headers, _ack in self.producer.sent:
             if not topic.startswith("pg.public.") or value is None:
                 continue  # a transaction record, or a tombstone: not an event
-            envelope = self.decode(value)
+            envelope = self.book.record(value)
             source = envelope["source"]
             found[f"{source['schema']}.{source['table']}", envelope["op"]] += 1
         return found
@@ -167,7 +158,7 @@ class _Rig:
         for topic, _key, value, _headers, _ack in self.producer.sent:
             assert value is not None or topic.startswith("pg.public.")
             if topic == "pg.transaction" and value is not None:
-                record = self.decode(value)
+                record = self.book.record(value)
                 if record["status"] == "BEGIN":
                     changes = Counter()
                 else:
@@ -178,7 +169,7 @@ class _Rig:
                     assert record["event_count"] == changes.total()
                     ends += 1
             elif value is not None:
-                envelope = self.decode(value)
+                envelope = self.book.record(value)
                 if envelope["op"] != "r":  # incremental snapshot rows are not the transaction's
                     source = envelope["source"]
                     changes[f"{source['schema']}.{source['table']}"] += 1

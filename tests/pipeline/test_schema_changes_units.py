@@ -83,12 +83,13 @@ def catalog(
     relid: int = RELID,
     storage: tuple[int, ...] = STORAGE,
     typmods: dict[str, int] | None = None,
+    dropped: tuple[int, ...] | None = None,
 ) -> CatalogTable:
     out = []
     for c in columns:
         default = ColumnDefault(c[3]) if len(c) > 3 else None  # type: ignore[misc]
         out.append(CatalogColumn(c[0], c[1], c[2], (typmods or {}).get(c[1], -1), default))
-    return CatalogTable(relid, storage, tuple(out))
+    return CatalogTable(relid, storage, tuple(out), dropped=dropped)
 
 
 BASE = version([("id", INT8), ("status", TEXT), ("amount", NUMERIC, NUMERIC_12_2)])
@@ -228,6 +229,138 @@ def test_catalog_moved_on_heals() -> None:
     assert UNKNOWN in gone.kinds and not gone.heal and not gone.truncate
     recreated = catalog([(1, "id", INT8)], relid=RELID + 10)
     assert not classify(baseline(), new, recreated, 200).heal
+
+
+def test_catalog_ahead_without_columns_coming_and_going_places_by_position() -> None:
+    """A version met after a later DDL committed (the cause of issue 24's needless heals).
+
+    The state knows attnums 1-3; since then ``status`` became varchar(50)
+    (the version), then text and was renamed, and ``region`` was added with
+    a fast default: the catalog no longer names the version's types, but no
+    column came and went, so each column is where its position says.
+    """
+    widened = version([("id", INT8), ("status", VARCHAR, 54), ("amount", NUMERIC, NUMERIC_12_2),
+                       ("region", TEXT)])  # fmt: skip
+    now = catalog([(1, "id", INT8), (2, "phase", TEXT), (3, "amount", NUMERIC), (4, "region", TEXT, "eu")],
+                  typmods={"amount": NUMERIC_12_2}, dropped=())  # fmt: skip
+    change = classify(baseline(), widened, now, 200)
+    assert change.kinds == (TYPE, ADD_DEFAULT) and not change.heal, change.details
+    assert [c.attnum for c in change.state.columns] == [1, 2, 3, 4]
+    assert change.state.columns[3].default == ColumnDefault("eu") and change.state.unpublished == ()
+    # The catalog's version comes next: it is compared with the state just made.
+    current = version([("id", INT8), ("phase", TEXT), ("amount", NUMERIC, NUMERIC_12_2), ("region", TEXT)])
+    after = classify(change.state, current, now, 300)
+    assert set(after.kinds) == {TYPE, RENAME} and not after.heal
+    assert after.state.columns[1].aliases == ("status",)
+    # The same with the table rewritten since: its type change heals.
+    rewritten = CatalogTable(RELID, (19_000,), now.columns, dropped=())
+    assert classify(baseline(), widened, rewritten, 200).heal
+
+
+def test_a_version_older_than_the_baseline_read_is_not_placed_by_position() -> None:
+    """A baseline read from the catalog after its LSN (at start): versions in between may be older.
+
+    The catalog read at start has x (3, added) where the version committed
+    before the read still has y (2, dropped since); by position y would
+    pass for a rename of x.
+    """
+    x = version([("id", INT8), ("x", TEXT)])
+    read = catalog([(1, "id", INT8), (3, "x", TEXT)], dropped=(2,))
+    state = replace_fields(classify(None, x, read, 100).state, read_lsn=150)
+    assert state.gone == (2,) and TableState.from_json(state.to_json()) == state
+    older = version([("id", INT8), ("y", INT4)])
+    change = classify(state, older, read, 120)
+    assert UNKNOWN in change.kinds and change.heal
+    # Committed after the read: a rename (of x, retyped) it is.
+    assert classify(state, older, read, 150).kinds == (RENAME, TYPE)
+
+
+def test_a_column_dropped_before_the_state_is_no_candidate() -> None:
+    """DROP COLUMN of the last column, then ADD COLUMN: the new one is plainly new."""
+    dropped = version([("id", INT8), ("status", TEXT)])
+    now = catalog([(1, "id", INT8), (2, "status", TEXT)], dropped=(3,))
+    first = classify(baseline(), dropped, now, 200)
+    assert first.kinds == (DROP,) and first.state.gone == (3,)
+    added = version([("id", INT8), ("status", TEXT), ("note", TEXT)])
+    now2 = catalog([(1, "id", INT8), (2, "status", TEXT), (4, "note", TEXT)], dropped=(3,))
+    change = classify(first.state, added, now2, 300)
+    assert change.kinds == (ADD_NULL,) and not change.heal
+
+
+@pytest.mark.parametrize(
+    ("met", "now"),
+    [
+        # The dropped columns of the catalog were not read: nothing is provable.
+        ([("id", INT8), ("status", VARCHAR, 54), ("amount", NUMERIC, NUMERIC_12_2)],
+         catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC)],
+                 typmods={"amount": NUMERIC_12_2})),
+        # region (attnum 4) was added, then dropped and added again as 5.
+        ([("id", INT8), ("status", TEXT), ("amount", NUMERIC, NUMERIC_12_2), ("region", TEXT)],
+         catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC), (5, "region", INT4)],
+                 typmods={"amount": NUMERIC_12_2}, dropped=(4,))),
+        # amount, known to the state, is gone: which column the version's third is, is unknown.
+        ([("id", INT8), ("status", VARCHAR, 54), ("total", NUMERIC, NUMERIC_12_2)],
+         catalog([(1, "id", INT8), (2, "status", TEXT), (4, "total", NUMERIC)],
+                 typmods={"total": NUMERIC_12_2}, dropped=(3,))),
+        # A column was added after the version: fewer columns than the catalog has.
+        ([("id", INT8), ("status", VARCHAR, 54), ("amount", NUMERIC, NUMERIC_12_2)],
+         catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC), (4, "x", INT4)],
+                 typmods={"amount": NUMERIC_12_2}, dropped=())),
+        # Retyped since, with a fast default the catalog holds in the newer type.
+        ([("id", INT8), ("status", TEXT), ("amount", NUMERIC, NUMERIC_12_2), ("n", INT4)],
+         catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC), (4, "n", INT8, 7)],
+                 typmods={"amount": NUMERIC_12_2}, dropped=())),
+    ],
+    ids=["dropped-unknown", "re-added", "known-dropped", "added-after", "retyped-default"],
+)
+def test_catalog_ahead_with_columns_coming_and_going_heals(met: Any, now: CatalogTable) -> None:
+    change = classify(baseline(), version(met), now, 200)
+    assert UNKNOWN in change.kinds and change.heal
+
+
+def test_a_name_taken_by_another_column_since_the_version_heals() -> None:
+    """The catalog names the version's columns, but one name moved to another attnum since."""
+    added = version([("id", INT8), ("status", TEXT), ("amount", NUMERIC, NUMERIC_12_2), ("region", TEXT)])
+    # region (4) was renamed to area and added again (5) before the stream met the version.
+    renamed = catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC), (4, "area", TEXT, "eu"),
+                       (5, "region", TEXT, "us")], typmods={"amount": NUMERIC_12_2}, dropped=())  # fmt: skip
+    change = classify(baseline(), added, renamed, 200)
+    assert UNKNOWN in change.kinds and change.heal
+    # region (4) was dropped and added again (5) with the same type.
+    readded = catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC), (5, "region", TEXT, "us")],
+                      typmods={"amount": NUMERIC_12_2}, dropped=(4,))  # fmt: skip
+    change = classify(baseline(), added, readded, 200)
+    assert UNKNOWN in change.kinds and change.heal
+    # The same catalog describing the version itself: a plain addition.
+    plain = catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC), (4, "region", TEXT, "eu")],
+                    typmods={"amount": NUMERIC_12_2}, dropped=())  # fmt: skip
+    assert classify(baseline(), added, plain, 200).kinds == (ADD_DEFAULT,)
+
+
+@pytest.mark.parametrize(
+    ("met", "now", "kinds"),
+    [
+        ([("id", INT8), ("amount", NUMERIC, NUMERIC_12_2)],
+         catalog([(1, "id", INT8), (3, "amount", NUMERIC)], typmods={"amount": NUMERIC_12_2}, dropped=(2,)),
+         (DROP,)),
+        ([("id", INT8), ("state", TEXT), ("amount", NUMERIC, NUMERIC_12_2)],
+         catalog([(1, "id", INT8), (2, "state", TEXT), (3, "amount", NUMERIC)],
+                 typmods={"amount": NUMERIC_12_2}, dropped=(5,)),
+         (RENAME,)),
+        ([("id", INT8), ("status", TEXT), ("amount", NUMERIC, NUMERIC_12_2), ("x", INT4)],
+         catalog([(1, "id", INT8), (2, "status", TEXT), (3, "amount", NUMERIC), (4, "x", INT4)],
+                 typmods={"amount": NUMERIC_12_2}, dropped=()),
+         (ADD_NULL,)),
+    ],
+    ids=["drop", "rename", "add"],
+)
+def test_a_catalog_describing_the_version_is_taken_by_name(
+    met: Any, now: CatalogTable, kinds: tuple[str, ...]
+) -> None:
+    # Dropped attnums before the state (5 in "rename" is one that came and
+    # went after it: harmless when no column of the version is new).
+    change = classify(baseline(), version(met), now, 200)
+    assert change.kinds == kinds and not change.heal
 
 
 def test_older_shape_replayed_after_restart_is_not_a_change() -> None:
@@ -418,6 +551,12 @@ def test_nul_in_a_bytes_default_survives_the_state_record() -> None:
 
     assert "\\u0000" not in json.dumps(data)  # jsonb refuses NUL
     assert TableState.from_json(json.loads(json.dumps(data))) == with_default
+
+
+def replace_fields(state: TableState, **changes: Any) -> TableState:
+    from dataclasses import replace
+
+    return replace(state, **changes)
 
 
 def replace_default(column: Any, default: ColumnDefault) -> Any:

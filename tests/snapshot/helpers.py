@@ -9,12 +9,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg2.extensions
 from support.cdc import Change, read_changes, replay, wait_for
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
+from cdcd.tools.local.process import pid_alive, proc_stat_fields
 from cdcd.tools.local.workload import orders_ddl
 
 
@@ -150,3 +152,14 @@ def signal_row(pg: PgDatabase, job_id: str) -> tuple[str, dict[str, Any]] | None
         return None
     row = pg.fetchone("SELECT status, progress FROM cdcd_signal WHERE id = %s", (job_id,))
     return (row[0], row[1]) if row else None
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of process ``pid`` (from ``/proc``): a daemon's snapshot workers."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = proc_stat_fields(int(entry.name))
+            if fields is not None and int(fields[1]) == pid and pid_alive(int(entry.name)):
+                children.append(int(entry.name))
+    return children

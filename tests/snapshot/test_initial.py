@@ -12,8 +12,11 @@ import time
 
 import pytest
 
+from cdcd.tools.local.process import pid_alive
+
 from .helpers import (
     Writer,
+    child_pids,
     create_orders,
     mirrored,
     signal_row,
@@ -155,14 +158,18 @@ def test_slot_that_exists_gets_no_initial_snapshot(pg, broker, cdc_config, daemo
     assert [c.value["op"] for c in changes if c.value] == ["u"]
 
 
-@pytest.mark.parametrize("parallelism", [1, 3])
+@pytest.mark.parametrize(
+    ("parallelism", "processes"), [(1, 0), (3, 0), (2, 2)], ids=["one", "threads", "processes"]
+)
 def test_kill9_during_initial_snapshot_completes_it_incrementally(
-    pg, broker, cdc_config, daemons, parallelism: int
+    pg, broker, cdc_config, daemons, parallelism: int, processes: int
 ) -> None:
     """With 3 connections each table is cut into 3 key ranges read side by side.
 
     Each table has 12,000 rows per connection, so that a table takes about as
     long to read either way and the kill lands before the last one is done.
+    With worker processes (``snapshot.processes``) the kill must take them
+    too: none of the daemon's children outlives it.
     """
     conn = pg.connect()
     names = ["orders", "orders_b", "orders_c"]
@@ -172,7 +179,8 @@ def test_kill9_during_initial_snapshot_completes_it_incrementally(
     slot = "cdcd_" + pg.dbname[:50]
     # 40 chunks per table and connection: the kill lands while the second table is read.
     config = cdc_config(tables=[f"public.{n}" for n in names],
-                        snapshot={"chunk_rows": 300, "parallelism": parallelism})
+                        snapshot={"chunk_rows": 300, "parallelism": parallelism,
+                                  "processes": processes})
     writers = [Writer(pg, rows, seed=i, table=n, pause_s=0.002).start() for i, n in enumerate(names)]
     first = daemons(config)
 
@@ -181,7 +189,11 @@ def test_kill9_during_initial_snapshot_completes_it_incrementally(
         return row is not None and row[0] == "running" and len(row[1].get("done", [])) >= 1
 
     when(one_table_done, what="the first table of the initial snapshot to be delivered")
+    workers = child_pids(first.pid)
+    assert len(workers) >= processes, workers  # the workers (and multiprocessing's tracker)
     first.kill9()
+    when(lambda: not any(pid_alive(pid) for pid in workers), timeout_s=30,
+         what=f"the killed daemon's worker processes {workers} to end")
     done_at_kill = signal_row(pg, f"initial:{slot}")[1]["done"]
     assert 1 <= len(done_at_kill) < 3
     second = daemons(config)

@@ -125,15 +125,24 @@ def test_the_batch_is_reduced_on_the_executors_by_key(spark: Any, tmp_path: Path
     """Changes of one key spread over several partitions reach the driver as one change
     per key (type 1; per key and sequence for type 2), and the targets are exact."""
     from cdcd.spark.autocdc import _Arguments, _from_flat, _reduced
+    from cdcd.spark.decode import read_payloads
+    from cdcd.spark.layout import RowLayout
 
     rows = [(k, f"v{k}.{ts}", ts, ts == 9 and k % 3 == 0) for ts in range(1, 10) for k in range(6)]
     df = spark.createDataFrame(rows, FLAT).repartition(4)  # a key's changes on any partition
     changes, keys, _ = _from_flat(
         df, "t", _Arguments(["id"], ["ts"], _deleted(), None, None, ["deleted"])
     )
+    layout = RowLayout.from_arrow(changes.limit(0).toArrow().schema.field("after").type, keys)
+
+    def reduced(per_commit: bool) -> int:
+        payloads = _reduced(changes, "t", layout, per_commit=per_commit).toArrow()
+        natives = read_payloads(payloads, lambda header: layout.envelope())
+        return sum(n.changes.num_rows for n in natives.get("t", []))
+
     # 54 changes of 6 keys: a run per key, and the deletes of keys 0 and 3 after theirs.
-    assert _reduced(changes, keys, per_commit=False).count() == 6 + 2
-    assert _reduced(changes, keys, per_commit=True).count() == 54  # one per key and sequence
+    assert reduced(per_commit=False) == 6 + 2
+    assert reduced(per_commit=True) == 54  # one per key and sequence
     one, two = str(tmp_path / "scd1"), str(tmp_path / "scd2")
     for target, scd in ((one, 1), (two, 2)):
         apply_changes(df, target, keys=["id"], sequence_by="ts", stored_as_scd_type=scd,
@@ -149,3 +158,48 @@ def _deleted() -> Any:
     from pyspark.sql import functions as F
 
     return F.col("deleted")
+
+
+def _inserted(spark: Any, ids: range, lsn: int, op: str = "r") -> Any:
+    """Decoded changes inserting (or snapshot-reading) the rows ``ids``, with the key
+    recorded as ``read_changes`` records it."""
+    schema = envelope([key("id"), column("v", "string")])
+    topic = Topic()
+    for seq, i in enumerate(ids):
+        topic.change(schema, op, lsn=lsn + seq // 50, seq=seq, after={"id": i, "v": f"v{i}"})
+    batch = decode_batch(
+        kafka_batch(topic.messages), DecodePlan.build(TOPIC, schema, topic.schemas)
+    )
+    frame = spark.createDataFrame(pa.Table.from_batches([batch])).repartition(3)
+    return frame.withMetadata("after", {KEY_METADATA: json.dumps(["id"])})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scd", [1, 2])
+def test_large_batches_of_new_keys_are_written_by_the_executors(
+    spark: Any, tmp_path: Path, scd: int
+) -> None:
+    """A new target, then more new keys, then an update: with the executors writing the
+    first two batches (a low ``bulk_rows``) the target (and its history) is the one the
+    driver writes."""
+    from deltalake import DeltaTable
+
+    from cdcd.spark.bulk import STAGE_PREFIX
+
+    batches = [
+        _inserted(spark, range(0, 300), 100),
+        _inserted(spark, range(300, 600), 200, op="c"),
+        _inserted(spark, range(0, 600, 7), 300, op="u"),
+    ]
+    targets = {"bulk": str(tmp_path / "bulk"), "driver": str(tmp_path / "driver")}
+    for batch_id, frame in enumerate(batches):
+        for label, target in targets.items():
+            apply_changes(frame, target, stored_as_scd_type=scd,
+                          bulk_rows=100 if label == "bulk" else None)  # fmt: skip
+        assert _rows(read_mirror(targets["bulk"])) == _rows(read_mirror(targets["driver"]))
+        if scd == 2:
+            assert _rows(_history(targets["bulk"])) == _rows(_history(targets["driver"]))
+        current = targets["bulk"] + ("/_cdcd_current" if scd == 2 else "")
+        files = DeltaTable(current).file_uris()
+        assert any(f"/{STAGE_PREFIX}{batch_id}-" in f for f in files) == (batch_id < 2)
+    assert len(read_mirror(current)) == 600

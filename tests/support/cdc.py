@@ -203,14 +203,21 @@ class SchemaBook:
 
     def load(self, bootstrap: str, prefix: str) -> None:
         for message in consume_all(bootstrap, f"{prefix}._schemas", timeout_s=15, idle_s=1.0):
-            fingerprint = message.key().decode()
-            self.raw[fingerprint] = json.loads(message.value())
-            self.schemas[fingerprint] = fastavro.parse_schema(self.raw[fingerprint])
+            self.add(message.key(), message.value())
+
+    def add(self, key: bytes, value: bytes) -> None:
+        """One ``_schemas`` message (fingerprint hex, schema JSON); also what a
+        ``SingleObjectFormat`` in a unit test publishes its schemas to."""
+        fingerprint = key.decode()
+        self.raw[fingerprint] = json.loads(value)
+        self.schemas[fingerprint] = fastavro.parse_schema(self.raw[fingerprint])
 
     def decode(self, data: bytes | None) -> dict[str, Any] | None:
-        if data is None:
-            return None
-        assert data[:2] == b"\xc3\x01", f"not single-object encoded: {data[:10]!r}"
+        return None if data is None else self.record(data)
+
+    def record(self, data: bytes) -> dict[str, Any]:
+        """A single-object encoded value, read with plain fastavro."""
+        _check_framing(data)
         schema = self.schemas[data[2:10].hex()]
         record: dict[str, Any] = fastavro.schemaless_reader(io.BytesIO(data[10:]), schema, None)
         return record

@@ -19,7 +19,11 @@ the WAL position read just before (recorded once the table is read, unless
 the stream recorded a later state meanwhile); and at start, from the catalog
 and stamped with the slot's confirmed position, for any captured table that
 has none (:meth:`SchemaChanges.baseline_missing`). A migration at any moment
-after that point is then compared at the table's next ``Relation``.
+after that point is then compared at the table's next ``Relation``, even
+when the catalog is already past that version (a later migration committed
+before the stream reached it): pgoutput sends columns in ``attnum`` order,
+so where no column came and went since, each is placed by its position
+(``classify._placed``); where one may have, the table heals.
 
 The rooms, one concern each:
 

@@ -43,6 +43,7 @@ from cdcd.decode.values import column_codec
 from cdcd.errors import DefiniteError
 from cdcd.naming import format_table
 from cdcd.pipeline.schema_changes.state import CatalogColumn, CatalogTable, TableState
+from cdcd.protocol.lsn import Lsn
 from cdcd.snapshot.rows import published_relation
 from cdcd.source.catalog import column_dimensions
 from cdcd.source.connection import quote_ident
@@ -75,11 +76,14 @@ _PROOF_PAGES = 1000
 # Generated columns are not in pgoutput's Relation message (before PG18's
 # publish_generated_columns); a column list leaves out others: both are
 # matched by name, so extra catalog columns never disturb the comparison.
+# Dropped columns keep their attnum: they tell which columns came and went
+# since a state (see classify._placed_behind).
 _COLUMNS_SQL = """
 SELECT a.attnum, a.attname, a.atttypid, a.atttypmod, a.atthasmissing,
-  CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attgenerated <> ''
+  CASE WHEN a.atthasmissing AND NOT a.attisdropped THEN a.attmissingval::text END,
+  a.attgenerated <> '', a.attisdropped
 FROM pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = %s AND a.attnum > 0
 ORDER BY a.attnum
 """
 
@@ -172,9 +176,13 @@ class CatalogReader:
         relid, kind, filenode, leaves, horizon = rows[0]
         storage = tuple(int(x) for x in leaves) if leaves is not None else (int(filenode),)
         columns = []
-        for attnum, name, type_oid, typmod, has_missing, missing, generated in db.query(
+        dropped = []
+        for attnum, name, type_oid, typmod, has_missing, missing, generated, gone in db.query(
             _COLUMNS_SQL, (relid,)
         ):
+            if gone:
+                dropped.append(int(attnum))
+                continue
             default: ColumnDefault | None = None
             unexpressible = False
             if has_missing and missing is not None:
@@ -203,8 +211,16 @@ class CatalogReader:
         return CatalogTable(
             int(relid), storage, tuple(columns), published,
             str(row_filter) if row_filter is not None else None, known,
-            int(horizon), str(kind) == "r",
+            int(horizon), str(kind) == "r", tuple(dropped),
         )
+
+    def wal_position(self, db: SourceDatabase | None = None) -> int:
+        """The server's WAL position now (a standby's: replayed so far)."""
+        value = (db or self.db).scalar(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+            "ELSE pg_current_wal_lsn() END)::text"
+        )
+        return int(Lsn.parse(str(value)))
 
     def version(self, schema: str, table: str) -> TableVersion | None:
         """The version pgoutput would send for the table now (None: it is gone)."""

@@ -32,7 +32,8 @@ column renamed             the field lists its earlier names as ``aliases``
 table recreated            a truncate (``op=t``) before the new table's first change
 replica identity / key     nothing here (a new key schema)
 same shape, new files      re-snapshot, unless every row was provably kept
-catalog moved on already   re-snapshot the table (worst case: heal)
+catalog moved on already   placed by attnum order when no column came and went
+                           since the state; else re-snapshot (worst case: heal)
 table gone since           nothing (a table created again truncates first)
 ========================  =====================================================
 
@@ -63,6 +64,7 @@ from cdcd.pipeline.schema_changes.state import (
     TYPE_REWRITE,
     UNKNOWN,
     UNPUBLISH,
+    CatalogColumn,
     CatalogTable,
     ColumnState,
     TableState,
@@ -97,6 +99,113 @@ def _matches(version: TableVersion, catalog: CatalogTable | None) -> bool:
         ):
             return False
     return True
+
+
+def _placed(
+    previous: TableState, version: TableVersion, catalog: CatalogTable, lsn: int
+) -> tuple[CatalogColumn, ...] | None:
+    """The catalog column (``attnum``) of each of the version's columns; None: it cannot be told.
+
+    By name while the catalog names the version's columns and types, unless
+    a name may have moved to another column since (:func:`_renamed_since`).
+    When the catalog is ahead of the version (a later DDL committed before
+    the stream reached it), by position where that is provable
+    (:func:`_placed_behind`).
+    """
+    if any(c.attnum is None for c in previous.columns):
+        return None
+    if _matches(version, catalog):
+        by_name = catalog.by_name()
+        placed = tuple(by_name[c.name] for c in version.columns)
+        return None if _renamed_since(previous, catalog, placed) else placed
+    if lsn < previous.facts_lsn():
+        return None  # the version may be older than what the state was read from
+    return _placed_behind(previous, version, catalog)
+
+
+def _renamed_since(
+    previous: TableState, catalog: CatalogTable, placed: tuple[CatalogColumn, ...]
+) -> bool:
+    """Whether a name of the version may belong to another column in the catalog now.
+
+    The catalog is read when the stream meets the version, possibly after
+    later DDL: ``ADD x`` (the version), then ``RENAME x TO y`` and ``ADD x``
+    again, gives a catalog that names the version's ``x`` but at another
+    ``attnum``. The columns the state knew, that were published then and
+    are now, are in the version (under whatever name). Besides them, the
+    version has columns from ``placed`` (by name); any other column that
+    could have been in the version with a lower ``attnum`` than one of those
+    (one that came since the state and is dropped again, one the state knew
+    that is dropped now, or a published one the version does not name) could
+    be the one that had the name then. A catalog that describes the version
+    has none of them; a version that drops a known column and adds one in
+    the same ``Relation`` is told apart only by a re-snapshot.
+    """
+    if catalog.dropped is None:
+        return False  # not read: names are all there is (unit tests of the plain path)
+    known = {c.attnum for c in previous.columns if c.attnum is not None} | set(previous.unpublished)
+    top = max(known | set(previous.gone), default=0)
+    published = [
+        c for c in catalog.columns
+        if not c.generated and (catalog.published is None or c.name in catalog.published)
+    ]
+    was = {c.attnum for c in previous.columns}
+    kept = {c.attnum for c in published if c.attnum in was}  # in the version, whatever its name
+    mapped = {c.attnum for c in placed}
+    if not kept <= mapped:
+        return True
+    beyond = mapped - kept
+    if not beyond:
+        return False
+    last = max(beyond)
+    if any((a in known or a > top) and a < last for a in catalog.dropped):
+        return True
+    return any(c.attnum not in mapped and c.attnum < last for c in published)
+
+
+def _placed_behind(
+    previous: TableState, version: TableVersion, catalog: CatalogTable
+) -> tuple[CatalogColumn, ...] | None:
+    """The version's columns by position, when the catalog is ahead of it; None: not provable.
+
+    pgoutput sends columns in ``attnum`` order, and PostgreSQL never reuses
+    an ``attnum``. The state knew every column of the table (published or
+    not) with its ``attnum``. If none of them is dropped now, and every
+    column the catalog has beyond them, alive or dropped, came after them
+    (a higher ``attnum``) and is alive, then no column came and went since
+    the state: the columns the version could have are those of the catalog
+    now. A version that has as many columns has all of them, the i-th by
+    ``attnum`` at position i, whatever was renamed or retyped since.
+
+    A column whose type changed since the version and that has a fast
+    default is not placed: the catalog's default is in the newer type.
+    """
+    if catalog.dropped is None or catalog.relid != previous.relid:
+        return None
+    known = {c.attnum for c in previous.columns if c.attnum is not None} | set(previous.unpublished)
+    alive = sorted(catalog.columns, key=lambda c: c.attnum)
+    if not known or len(alive) != len(version.columns):
+        return None
+    top = max(known | set(previous.gone))
+    attnums = {c.attnum for c in alive}
+    if not known <= attnums or any(a > top for a in catalog.dropped):
+        return None
+    if any(c.attnum not in known and c.attnum < top for c in alive):
+        return None  # a column the state did not know of, older than the ones it did
+    for column, now in zip(version.columns, alive, strict=True):
+        retyped = (column.type_oid, column.type_modifier) != (now.type_oid, now.type_modifier)
+        if retyped and (now.default is not None or now.missing_unexpressible):
+            return None
+    return tuple(alive)
+
+
+def _gone(previous: TableState, catalog: CatalogTable, attnums: set[int]) -> tuple[int, ...]:
+    """The state's dropped attnums, with those of its columns the version lacks and the catalog dropped."""
+    if catalog.dropped is None:
+        return previous.gone
+    lacking = {c.attnum for c in previous.columns} | set(previous.unpublished)
+    now = {a for a in lacking if a is not None and a not in attnums and a in catalog.dropped}
+    return tuple(sorted(set(previous.gone) | now))
 
 
 def _describes(version: TableVersion, catalog: CatalogTable | None) -> bool:
@@ -145,6 +254,7 @@ def baseline_state(
         columns=tuple(columns),
         recreated_lsn=recreated_lsn,
         unpublished=catalog.unpublished(version) if catalog is not None and matched else (),
+        gone=(catalog.dropped or ()) if catalog is not None and matched else (),
         row_filter=catalog.row_filter if catalog is not None else None,
         filter_known=catalog is not None and catalog.filter_known,
     )
@@ -275,7 +385,8 @@ def _compare(
         state = _by_name(previous, version, lsn)
         details.append("the table no longer exists")
         return SchemaChange(state=state, kinds=(*kinds, UNKNOWN), details=tuple(details), save=True)
-    if not _matches(version, catalog) or any(c.attnum is None for c in previous.columns):
+    placed = _placed(previous, version, catalog, lsn)
+    if placed is None:
         # Another DDL happened since, or the state never knew the attnums:
         # which column is which cannot be told, so nothing is ruled out.
         state = carry(baseline_state(version, catalog, lsn), previous)
@@ -283,20 +394,20 @@ def _compare(
         return SchemaChange(
             state=state, kinds=(*kinds, UNKNOWN), heal=True, details=tuple(details), save=True
         )
-    assert catalog is not None
     rewritten = previous.storage is None or (previous.storage != catalog.storage and not kept)
-    by_name = catalog.by_name()
     old_by_attnum = {c.attnum: c for c in previous.columns}
     keys = set(key_names(version))
-    attnums = {by_name[v.name].attnum for v in version.columns}
+    attnums = {now.attnum for now in placed}
     dropped = [c for c in previous.columns if c.attnum not in attnums]
     retired = tuple(dict.fromkeys((*previous.retired, *(c.name for c in dropped))))
     # Earlier names a new column takes over stop being aliases of the column
     # that had them (two fields answering to one writer name is no schema).
-    taken = {c.name for c in version.columns if by_name[c.name].attnum not in old_by_attnum}
+    taken = {
+        c.name for c, now in zip(version.columns, placed, strict=True)
+        if now.attnum not in old_by_attnum
+    }
     columns: list[ColumnState] = []
-    for column in version.columns:
-        now = by_name[column.name]
+    for column, now in zip(version.columns, placed, strict=True):
         old = old_by_attnum.get(now.attnum)
         default: ColumnDefault | None = None
         aliases: tuple[str, ...] = ()
@@ -387,7 +498,9 @@ def _compare(
         key=key_names(version),
         columns=tuple(columns),
         retired=tuple(name for name in retired if name not in {c.name for c in columns}),
-        unpublished=catalog.unpublished(version),
+        # Placed behind the catalog, every column of the table was sent.
+        unpublished=catalog.unpublished(version) if _matches(version, catalog) else (),
+        gone=_gone(previous, catalog, attnums),
         row_filter=catalog.row_filter,
         filter_known=catalog.filter_known,
     )

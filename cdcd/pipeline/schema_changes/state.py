@@ -124,6 +124,18 @@ class TableState:
     #: Every Avro type written under each field name (issue 30: a field's
     #: union keeps them all, see cdcd.envelope.schemas).
     written: Written = ()
+    #: attnums of the table's columns dropped before this state (never in a
+    #: later version; see classify._renamed_since).
+    gone: tuple[int, ...] = ()
+    #: WAL position read after the catalog facts of a baseline: a version
+    #: committed at or after it is no older than they are. None: ``lsn`` (a
+    #: state made from a version met in the stream, or at a snapshot's
+    #: consistent point).
+    read_lsn: int | None = None
+
+    def facts_lsn(self) -> int:
+        """From which commit LSN on a version met in the stream is no older than this state."""
+        return max(self.lsn, self.read_lsn or 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -139,6 +151,8 @@ class TableState:
             "recreated_lsn": self.recreated_lsn,
             "unpublished": list(self.unpublished),
             **({"row_filter": {"where": self.row_filter}} if self.filter_known else {}),
+            **({"gone": list(self.gone)} if self.gone else {}),
+            **({"read_lsn": self.read_lsn} if self.read_lsn is not None else {}),
         }
 
     @classmethod
@@ -158,6 +172,8 @@ class TableState:
             filter_known="row_filter" in data,
             written=tuple((str(n), tuple(t)) for n, t in data.get("written", {}).items()),
             horizon=int(data["horizon"]) if data.get("horizon") is not None else None,
+            gone=tuple(int(a) for a in data.get("gone", ())),
+            read_lsn=int(data["read_lsn"]) if data.get("read_lsn") is not None else None,
         )
 
     def shape(self) -> tuple[object, ...]:
@@ -210,6 +226,9 @@ class CatalogTable:
     filter_known: bool = False  # PostgreSQL 15+ and the publication lists the table
     horizon: int | None = None  # xmin of the snapshot this was read in (64-bit)
     plain: bool = True  # an ordinary table (relkind r), not a partitioned one
+    #: attnums of the table's dropped columns (PostgreSQL never reuses one);
+    #: None: not read.
+    dropped: tuple[int, ...] | None = None
 
     def by_name(self) -> dict[str, CatalogColumn]:
         return {c.name: c for c in self.columns}

@@ -157,7 +157,9 @@ class SchemaChanges:
         For the initial snapshot ``db`` is inside the exported snapshot, so
         the files, attnums and fast defaults are those of the rows it reads.
         """
-        return baseline_state(version, self._reader.table(version.schema, version.table, db), int(lsn))
+        state = baseline_state(version, self._reader.table(version.schema, version.table, db), int(lsn))
+        # The catalog was read after lsn: versions committed in between may be older.
+        return replace(state, read_lsn=self._reader.wal_position(db))
 
     def record_baseline(self, table: str, baseline: object) -> None:
         """Record what :meth:`read_baseline` gave, unless the stream recorded a later state."""
@@ -183,8 +185,10 @@ class SchemaChanges:
         resumes: a version the stream meets later that differs from it is a
         change (if a migration committed between ``lsn`` and now, the older
         version met first looks like one and heals; nothing is absorbed).
+        The WAL position read after the catalog (``read_lsn``) tells the
+        versions that may be older than it from those that are not.
         """
-        recorded = []
+        states = []
         for schema, table in tables:
             name = format_table(schema, table)
             if name in self._book.states:
@@ -193,8 +197,12 @@ class SchemaChanges:
             version = self._reader.version(schema, table) if catalog is not None else None
             if version is None:
                 continue
-            state = baseline_state(version, catalog, int(lsn))
-            self._book.put(name, SchemaChange(state=state, save=True))
+            states.append((name, baseline_state(version, catalog, int(lsn))))
+        # Read after the catalog: a version committed between lsn and here may be older.
+        read = self._reader.wal_position() if states else None
+        recorded = []
+        for name, state in states:
+            self._book.put(name, SchemaChange(state=replace(state, read_lsn=read), save=True))
             recorded.append(name)
         if recorded:
             log.info(

@@ -60,6 +60,15 @@ benchmark's slots and publication).
 
 from __future__ import annotations
 
-from cdcd.tools.bench.report import add_arguments, cmd_bench
+import argparse
+
+from cdcd.tools.bench.arguments import add_arguments
 
 __all__ = ["add_arguments", "cmd_bench"]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark (imported here: building the CLI's parser must stay light)."""
+    from cdcd.tools.bench.report import cmd_bench as run
+
+    return run(args)

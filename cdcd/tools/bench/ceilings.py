@@ -14,8 +14,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdcd.errors import DefiniteError
+from cdcd.naming import LSN_HEADER, SEQ_HEADER
 from cdcd.tools.bench.cpu import BackendCpu, backend_cpu_s, backend_pid
 from cdcd.tools.bench.workload import (
     CEILING_SLOT,
@@ -191,3 +193,111 @@ def copy_worker() -> None:
         sys.stdin.read()
     finally:
         conn.close()
+
+
+@dataclass
+class KafkaClient:
+    seconds: float
+    cpu_s: float
+    messages: int
+    key_bytes: float  # mean sizes of the messages sent
+    value_bytes: float
+
+
+#: Messages of cdcd's own topic the Kafka-client ceiling sends again, cycled.
+KAFKA_SAMPLE = 2_000
+
+
+def kafka_client_ceiling(bootstrap: str, sample_topic: str, messages: int) -> KafkaClient:
+    """A bare idempotent producer sending ``messages`` of cdcd's own messages, in a process alone.
+
+    The client (``kafka_client_worker``) reads up to :data:`KAFKA_SAMPLE`
+    messages of ``sample_topic`` (cdcd's, so the same keys, values and
+    compression ratio), then sends ``messages`` of them, cycled, with the two
+    headers cdcd sets (``cdcd.lsn``, ``cdcd.seq``), through a producer with
+    cdcd's configuration (``build_producer_config``: idempotent, ``acks=all``,
+    lz4, the same batching) to a new topic with as many partitions, and
+    flushes. Its CPU from the first produce to the end of the flush (every
+    message acknowledged), over the messages, is what the Kafka client alone
+    costs per row: no envelope, no PostgreSQL, no bookkeeping.
+    """
+    argv = [sys.executable, "-c", "from cdcd.tools.bench.ceilings import kafka_client_worker; kafka_client_worker()"]
+    request = {"bootstrap": bootstrap, "sample_topic": sample_topic, "messages": messages}
+    result = subprocess.run(
+        argv, input=json.dumps(request), capture_output=True, text=True, timeout=1800, check=False
+    )
+    if result.returncode != 0:
+        raise DefiniteError(f"the Kafka client ceiling failed: {result.stderr.strip()[-1000:]}")
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    return KafkaClient(
+        data["seconds"], data["cpu_s"], data["messages"], data["key_bytes"], data["value_bytes"]
+    )
+
+
+def kafka_client_worker() -> None:
+    """The client of :func:`kafka_client_ceiling`: request on stdin, one JSON line out."""
+    import resource
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit the re-exports
+        AdminClient,
+        NewTopic,
+    )
+
+    from cdcd.sink.producer import build_producer_config
+
+    request = json.loads(sys.stdin.read())
+    bootstrap, source = request["bootstrap"], request["sample_topic"]
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "cdcd-bench-sample", "enable.auto.commit": False}
+    )
+    partitions = consumer.list_topics(source, timeout=30).topics[source].partitions
+    consumer.assign([TopicPartition(source, p, 0) for p in partitions])
+    sample: list[tuple[bytes | None, bytes | None]] = []
+    deadline = time.monotonic() + 60
+    while len(sample) < KAFKA_SAMPLE and time.monotonic() < deadline:
+        for message in consumer.consume(500, timeout=1.0):
+            if message.error() is None and message.value() is not None:
+                sample.append((message.key(), message.value()))
+    consumer.close()
+    if not sample:
+        raise DefiniteError(f"no messages to sample in {source}")
+    topic = f"{source}.kafka_ceiling"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, len(partitions), 1)]).values():
+        future.result(30)
+    producer = Producer(build_producer_config(bootstrap, {}, "cdcd-bench-kafka-ceiling"))
+    lsn = (LSN_HEADER, b"0/1A2B3C4D")
+    producer.produce(topic, sample[0][1], sample[0][0], headers=[lsn, (SEQ_HEADER, b"0")])
+    producer.flush(30)  # connected, producer id acquired: the measurement is the sending
+    total = int(request["messages"])
+    failed: list[Any] = []
+
+    def delivered(err: Any, _msg: Any) -> None:  # cdcd needs every report: so does the ceiling
+        if err is not None:
+            failed.append(err)
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_start = usage.ru_utime + usage.ru_stime
+    started = time.monotonic()
+    produce, size = producer.produce, len(sample)
+    for i in range(total):
+        key, value = sample[i % size]
+        headers = [lsn, (SEQ_HEADER, b"%d" % i)]
+        while True:
+            try:
+                produce(topic, value, key, -1, delivered, None, 0, headers)  # type: ignore[arg-type]
+                break
+            except BufferError:
+                producer.poll(0.05)
+    while producer.flush(1.0):
+        pass
+    elapsed = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    if failed:
+        raise DefiniteError(f"the Kafka client ceiling lost {len(failed)} messages: {failed[0]}")
+    cpu = usage.ru_utime + usage.ru_stime - cpu_start
+    keys = sum(len(k or b"") for k, _ in sample) / size
+    values = sum(len(v or b"") for _, v in sample) / size
+    print(json.dumps({"seconds": elapsed, "cpu_s": cpu, "messages": total,
+                      "key_bytes": keys, "value_bytes": values}), flush=True)

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from cdcd.errors import DefiniteError
 from cdcd.tools.bench.workload import connect
@@ -29,7 +29,37 @@ def proc_cpu_s(pid: int, path: Path | None = None) -> float | None:
 
 
 
-class BackendCpu:
+class BenchSampler:
+    """A thread of the bench (its CPU is not cdcd's: in ``_BENCH_THREADS`` while it
+    runs) that runs :meth:`_sample` for the length of a ``with`` block."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="bench-proc-cpu", daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        while self._thread.ident not in _BENCH_THREADS and self._thread.is_alive():
+            time.sleep(0.001)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _main(self) -> None:
+        ident = threading.get_ident()
+        _BENCH_THREADS.add(ident)
+        try:
+            self._sample()
+        finally:
+            _BENCH_THREADS.discard(ident)
+
+    def _sample(self) -> None:
+        raise NotImplementedError
+
+
+class BackendCpu(BenchSampler):
     """CPU seconds of the server processes serving a phase, sampled from ``/proc``.
 
     The server's processes are not this process's children: their CPU can
@@ -42,28 +72,15 @@ class BackendCpu:
     """
 
     def __init__(self, dsn: str, sql: str, params: tuple[Any, ...], interval_s: float = 0.01) -> None:
+        super().__init__()
         self._dsn = dsn
         self._sql = sql
         self._params = params
         self._interval_s = interval_s
         self._seen: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-proc-cpu", daemon=True)
         self.error: BaseException | None = None
 
-    def __enter__(self) -> BackendCpu:
-        self._thread.start()
-        while self._thread.ident not in _BENCH_THREADS and self._thread.is_alive():
-            time.sleep(0.001)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        ident = threading.get_ident()
-        _BENCH_THREADS.add(ident)
+    def _sample(self) -> None:
         pids: set[int] = set()
         next_find = 0.0
         try:
@@ -87,8 +104,6 @@ class BackendCpu:
                 conn.close()
         except BaseException as exc:  # noqa: BLE001 - reported by cpu_s
             self.error = exc
-        finally:
-            _BENCH_THREADS.discard(ident)
 
     def cpu_s(self) -> float:
         if self.error is not None:

@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdcd.errors import DefiniteError
+from cdcd.naming import table_topic
 from cdcd.protocol.native import native_status
 from cdcd.tools.bench.ceilings import (
     Copy,
     Decode,
+    KafkaClient,
     copy_ceiling,
     decode_ceiling,
+    kafka_client_ceiling,
     recvlogical_ceiling,
 )
 from cdcd.tools.bench.session import (
@@ -36,8 +39,9 @@ from cdcd.tools.bench.synchronous import (
 from cdcd.tools.bench.workload import (
     CDCD_SLOT,
     CEILING_SLOT,
-    SNAPSHOT_CONNECTIONS,
+    SCHEMA,
     SNAPSHOT_SLOT,
+    TOPIC_PREFIX,
     connect,
     current_lsn,
     drop_slot,
@@ -115,20 +119,30 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
                 f"{drain.cdcd_cpu_s / rows * 1e6:.2f} µs CPU/row",
                 quiet,
             )
+            kafka = kafka_client_ceiling(
+                bootstrap, table_topic(TOPIC_PREFIX, SCHEMA, "orders"), rows
+            )
+            progress(
+                f"bare Kafka client: {kafka.cpu_s / rows * 1e6:.2f} µs CPU/message "
+                f"({kafka.key_bytes:.0f} + {kafka.value_bytes:.0f} bytes, 2 headers)",
+                quiet,
+            )
             if not args.no_snapshot:
                 progress(f"initial snapshot of the {rows:,}-row table", quiet)
-                run = initial_snapshot(dsn, bootstrap, rows)
+                run = initial_snapshot(
+                    dsn, bootstrap, rows, args.snapshot_connections, args.snapshot_processes
+                )
                 drop_slot(conn, SNAPSHOT_SLOT)
                 progress(
                     f"snapshot: {rows / run.seconds:,.0f} rows/s, "
                     f"{run.cdcd_cpu_s / rows * 1e6:.2f} µs CPU/row; COPY ceiling "
-                    f"on {SNAPSHOT_CONNECTIONS} connection(s)",
+                    f"on {run.connections} connection(s)",
                     quiet,
                 )
-                copy = copy_ceiling(dsn, SNAPSHOT_CONNECTIONS)
+                copy = copy_ceiling(dsn, run.connections)
                 if copy.rows != rows:
                     raise DefiniteError(f"the COPY ceiling copied {copy.rows} rows, not {rows}")
-                snapshot = _snapshot_figures(rows, run, copy)
+                snapshot = _snapshot_figures(rows, run, copy, kafka)
                 progress(
                     f"COPY: {snapshot['copy_rows_per_s']:,} rows/s, server "
                     f"{snapshot['copy_server_cpu_us_per_row']:.2f} µs CPU/row",
@@ -173,6 +187,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
             # cdcd's status updates cost it.
             "walsender_cpu_us_per_row_cdcd": round(drain.walsender_cpu_s / rows * 1e6, 2),
             **_stream_ceilings(rows, rate, drain, decode),
+            **_kafka_client_figures(rows, drain, kafka),
             # Where cdcd's CPU went (/proc/self/task; 10 ms ticks per thread).
             "cdcd_cpu_us_per_row_by_thread": {
                 name: round(cpu / rows * 1e6, 2)
@@ -211,7 +226,25 @@ def _stream_ceilings(rows: int, rate: float, drain: Drain, decode: Decode) -> di
     }
 
 
-def _snapshot_figures(rows: int, run: SnapshotRun, copy: Copy) -> dict[str, Any]:
+def _kafka_client_figures(rows: int, drain: Drain, kafka: KafkaClient) -> dict[str, Any]:
+    """The bare Kafka client's CPU per message, and cdcd's streaming CPU per row against it."""
+    kafka_us = kafka.cpu_s / kafka.messages * 1e6
+    return {
+        "kafka_client_cpu_us_per_msg": round(kafka_us, 2),
+        "kafka_client_msgs_per_s": round(kafka.messages / kafka.seconds),
+        "kafka_client_message_bytes": {
+            "key": round(kafka.key_bytes, 1),
+            "value": round(kafka.value_bytes, 1),
+        },
+        "cpu_ratio_kafka_client": round(drain.cdcd_cpu_s / rows * 1e6 / kafka_us, 3)
+        if kafka_us
+        else None,
+    }
+
+
+def _snapshot_figures(
+    rows: int, run: SnapshotRun, copy: Copy, kafka: KafkaClient
+) -> dict[str, Any]:
     """The snapshot section: cdcd's snapshot and the ``COPY`` ceiling on as many connections."""
     rate = rows / run.seconds
     copy_rate = rows / copy.seconds
@@ -221,7 +254,8 @@ def _snapshot_figures(rows: int, run: SnapshotRun, copy: Copy) -> dict[str, Any]
         "rows": rows,
         "rows_per_s": round(rate),
         "seconds": round(run.seconds, 2),
-        "connections": SNAPSHOT_CONNECTIONS,
+        "connections": run.connections,
+        "processes": run.processes,
         "cdcd_cpu_us_per_row": round(cdcd_us, 2),
         "server_cpu_us_per_row": round(run.server_cpu_s / rows * 1e6, 2),
         "copy_rows_per_s": round(copy_rate),
@@ -229,36 +263,14 @@ def _snapshot_figures(rows: int, run: SnapshotRun, copy: Copy) -> dict[str, Any]
         "copy_server_cpu_us_per_row": round(copy_server_us, 3),
         "ratio_copy": round(rate / copy_rate, 3),
         "cpu_ratio_copy_server": round(cdcd_us / copy_server_us, 3) if copy_server_us else None,
+        "cpu_ratio_kafka_client": round(cdcd_us / (kafka.cpu_s / kafka.messages * 1e6), 3)
+        if kafka.cpu_s
+        else None,
+        # With processes: the workers' share of cdcd_cpu_us_per_row, and peak memory.
+        "workers_cpu_us_per_row": round(run.workers_cpu_s / rows * 1e6, 2),
+        "workers_peak_rss_mb": run.workers_peak_rss_mb or [],
+        "parent_peak_rss_mb": round(run.parent_peak_rss_mb, 1),
     }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--dsn", help="PostgreSQL to use (default: a throwaway cluster)")
-    parser.add_argument("--bootstrap-servers", help="Kafka to use (default: the bundled broker)")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the throughput load")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the workload")
-    parser.add_argument("--offered-rows-per-s", type=int, default=10_000, help="latency load")
-    parser.add_argument("--latency-seconds", type=float, default=20.0, help="latency run length")
-    parser.add_argument("--big-rows", type=int, default=1_000_000, help="rows of the big transaction")
-    parser.add_argument(
-        "--no-snapshot", action="store_true", help="skip the initial snapshot measurement"
-    )
-    parser.add_argument(
-        "--no-synchronous", action="store_true", help="skip the synchronous capture measurement"
-    )
-    parser.add_argument(
-        "--only",
-        choices=["synchronous"],
-        help="run one section alone: synchronous (commit latency with cdcd as the "
-        "synchronous standby; a minute instead of the whole benchmark)",
-    )
-    parser.add_argument(
-        "--sync-commits-per-s", type=int, default=200, help="synchronous: commit rate"
-    )
-    parser.add_argument(
-        "--sync-seconds", type=float, default=10.0, help="synchronous: seconds of each run"
-    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -294,6 +306,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"(cdcd at {data['ratio_decode']:.2f} of it)",
         ),
         (
+            "bare Kafka client (cdcd's messages and producer settings)",
+            f"{data['kafka_client_cpu_us_per_msg']:.2f} µs CPU/message "
+            f"(cdcd streaming at {data['cpu_ratio_kafka_client'] or 0:.2f}× it)",
+        ),
+        (
             f"commit-to-ack latency at {result.offered_rows_per_s:,} rows/s",
             "p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max:.1f} ms".format(**result.latency_ms),
         ),
@@ -308,6 +325,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"initial snapshot, {snap['rows']:,.0f} rows",
                 f"{snap['rows_per_s']:,.0f} rows/s; CPU per row cdcd "
                 f"{snap['cdcd_cpu_us_per_row']:.2f} µs, server {snap['server_cpu_us_per_row']:.2f} µs",
+            )
+        )
+        lines.append(
+            (
+                "snapshot CPU per row against the bare Kafka client",
+                f"{snap['cpu_ratio_kafka_client'] or 0:.2f}× its {data['kafka_client_cpu_us_per_msg']:.2f} µs"
+                + (f"; {snap['processes']} worker processes" if snap["processes"] else ""),
             )
         )
         lines.append(

@@ -26,7 +26,7 @@ from cdcd.config.model import parse_config
 from cdcd.errors import DefiniteError
 from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.session import Session
-from cdcd.tools.bench.cpu import BackendCpu, cdcd_cpu_s, threads_cpu_s
+from cdcd.tools.bench.cpu import BackendCpu, BenchSampler, cdcd_cpu_s, threads_cpu_s
 from cdcd.tools.bench.workload import (
     BENCH_APPLICATION,
     BIG_SLOT,
@@ -189,31 +189,71 @@ def cdcd_rate(dsn: str, bootstrap: str, end_lsn: int) -> Drain:
 
 
 class _SnapshotMarks(logging.Handler):
-    """Time and CPU (``cdcd_cpu_s``) at the log lines that bracket the initial snapshot."""
+    """Time and CPU (``cdcd_cpu_s``) at the log lines that bracket the initial snapshot,
+    and what worker processes report of themselves (``snapshot.processes``)."""
 
     MARKS = ("initial snapshot of", "initial snapshot complete")
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.marks: dict[str, tuple[float, float]] = {}
+        self.workers_cpu_s = 0.0
+        self.workers_peak_rss_mb: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         for mark in self.MARKS:
             if message.startswith(mark) and mark not in self.marks:
                 self.marks[mark] = (time.monotonic(), cdcd_cpu_s())
+        cpu = getattr(record, "snapshot_workers_cpu_s", None)
+        if cpu is not None:
+            self.workers_cpu_s = float(cpu)
+            self.workers_peak_rss_mb = list(getattr(record, "snapshot_workers_peak_rss_mb", []))
+
+
+class _RssPeak(BenchSampler):
+    """The largest resident size of this process while it runs (``VmRSS`` every 20 ms).
+
+    Of the whole bench process: what the session reading the snapshot holds,
+    plus what the bench held before it (an upper bound for the daemon's side).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak_mb = 0.0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.peak_mb = max(self.peak_mb, int(line.split()[1]) / 1024)
 
 
 @dataclass
 class SnapshotRun:
     seconds: float
-    cdcd_cpu_s: float
+    cdcd_cpu_s: float  # the daemon's side and its worker processes together
     server_cpu_s: float
+    connections: int
+    processes: int = 0
+    workers_cpu_s: float = 0.0
+    workers_peak_rss_mb: list[float] | None = None
+    parent_peak_rss_mb: float = 0.0
 
 
-def initial_snapshot(dsn: str, bootstrap: str, rows: int) -> SnapshotRun:
-    """An initial snapshot of the loaded table (``snapshot.mode: initial_only``,
-    ``SNAPSHOT_CONNECTIONS`` readers)."""
+def initial_snapshot(
+    dsn: str,
+    bootstrap: str,
+    rows: int,
+    connections: int = SNAPSHOT_CONNECTIONS,
+    processes: int = 0,
+) -> SnapshotRun:
+    """An initial snapshot of the loaded table (``snapshot.mode: initial_only``) read by
+    ``connections`` threads, or by ``processes`` worker processes when not 0.
+
+    With processes, cdcd's CPU is this process's between the marks plus each
+    worker's whole life (as each reports it when it exits: interpreter start
+    included)."""
     marks = _SnapshotMarks()
     snapshot_log = logging.getLogger("cdcd.snapshot")
     level = snapshot_log.level
@@ -222,13 +262,15 @@ def initial_snapshot(dsn: str, bootstrap: str, rows: int) -> SnapshotRun:
     config = bench_config(dsn, bootstrap, SNAPSHOT_SLOT).model_dump()
     config["postgres"]["create_slot"] = True
     config["kafka"]["topic_prefix"] = f"{TOPIC_PREFIX}_snapshot"
+    config["postgres"]["dsn"] = dsn  # dumped as a SecretStr: the session needs the text
     config["snapshot"] = {
         "mode": "initial_only",
-        "parallelism": SNAPSHOT_CONNECTIONS,
+        "parallelism": connections,
+        "processes": processes,
         "chunk_rows": 10_000,
     }
     try:
-        with BackendCpu(dsn, DATABASE_PIDS_SQL, (BENCH_APPLICATION,)) as server:
+        with BackendCpu(dsn, DATABASE_PIDS_SQL, (BENCH_APPLICATION,)) as server, _RssPeak() as rss:
             # initial_only: the session returns once the snapshot is delivered.
             run_session(parse_config(config), timeout_s=1800)
     finally:
@@ -237,7 +279,16 @@ def initial_snapshot(dsn: str, bootstrap: str, rows: int) -> SnapshotRun:
     if len(marks.marks) != len(marks.MARKS):
         raise DefiniteError(f"the initial snapshot did not log its start and end: {marks.marks}")
     (start_t, start_cpu), (end_t, end_cpu) = (marks.marks[m] for m in marks.MARKS)
-    return SnapshotRun(end_t - start_t, end_cpu - start_cpu, server.cpu_s())
+    return SnapshotRun(
+        end_t - start_t,
+        end_cpu - start_cpu + marks.workers_cpu_s,
+        server.cpu_s(),
+        processes or connections,
+        processes,
+        marks.workers_cpu_s,
+        marks.workers_peak_rss_mb,
+        rss.peak_mb,
+    )
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -295,6 +346,7 @@ def peak_rss_big_transaction(dsn: str, bootstrap: str, rows: int, quiet: bool) -
         cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (BIG_SLOT,))
     with tempfile.TemporaryDirectory(prefix="cdcd-bench-") as tmp:
         config = bench_config(dsn, bootstrap, BIG_SLOT).model_dump()
+        config["postgres"]["dsn"] = dsn  # dumped as a SecretStr: the file needs the text
         config["metrics"]["listen"] = "127.0.0.1:0"
         path = Path(tmp) / "cdcd.yaml"
         path.write_text(yaml.safe_dump(config))

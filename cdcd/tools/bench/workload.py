@@ -17,6 +17,7 @@ from typing import Any
 import psycopg2
 
 from cdcd.errors import DefiniteError
+from cdcd.tools.bench.arguments import SNAPSHOT_CONNECTIONS as SNAPSHOT_CONNECTIONS
 from cdcd.tools.local.workload import orders_ddl
 
 SCHEMA = "cdcd_bench"
@@ -30,9 +31,6 @@ SNAPSHOT_SLOT = "cdcd_bench_snapshot"
 #: A copy of the ceiling slot, made before the load, that only the decode
 #: ceiling peeks at (never consumed).
 PEEK_SLOT = "cdcd_bench_peek"
-#: Connections reading cdcd's initial snapshot (``snapshot.parallelism``),
-#: and so the connections of the ``COPY`` ceiling it is compared with.
-SNAPSHOT_CONNECTIONS = 1
 #: pgoutput options of both server-side ceilings (``pg_recvlogical`` and the
 #: peek): the same text decoding for the same publication.
 PGOUTPUT_OPTIONS = (("proto_version", "1"), ("publication_names", PUBLICATION))

@@ -159,7 +159,14 @@ def test_slot_that_exists_gets_no_initial_snapshot(pg, broker, cdc_config, daemo
 
 
 @pytest.mark.parametrize(
-    ("parallelism", "processes"), [(1, 0), (3, 0), (2, 2)], ids=["one", "threads", "processes"]
+    ("parallelism", "processes"),
+    [
+        pytest.param(1, 0, id="one"),
+        pytest.param(3, 0, id="threads"),
+        # Slow (opt-in): the default suite covers worker processes with
+        # test_parallel_consistency's processes variant.
+        pytest.param(2, 2, id="processes", marks=pytest.mark.slow),
+    ],
 )
 def test_kill9_during_initial_snapshot_completes_it_incrementally(
     pg, broker, cdc_config, daemons, parallelism: int, processes: int

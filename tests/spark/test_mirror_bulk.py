@@ -162,7 +162,12 @@ def mirror_job(root: Path, published: Mapping[Any, str], threshold: int | None,
 BY_EXECUTORS = [True, True, False, False]
 
 
-@pytest.mark.parametrize("history", [False, True], ids=["plain", "history"])
+@pytest.mark.parametrize(
+    "history",
+    # The history variant is opt-in (slow); the crash cases below cover the
+    # history table on the executor path in the default suite.
+    [pytest.param(False, id="plain"), pytest.param(True, id="history", marks=pytest.mark.slow)],
+)
 def test_executors_write_large_batches_of_new_rows_and_the_mirror_is_the_same(
     spark: Any, tmp_path: Path, history: bool
 ) -> None:

@@ -227,8 +227,10 @@ def baseline_state(
     version: TableVersion, catalog: CatalogTable | None, lsn: int, recreated_lsn: int | None = None
 ) -> TableState:
     """The state of a version seen without (usable) history."""
-    matched = _matches(version, catalog)
-    by_name = catalog.by_name() if catalog is not None and matched else {}
+    # The catalog's facts (attnums, defaults, files) only where it still
+    # describes this version; _matches is False without a catalog.
+    described = catalog if _matches(version, catalog) else None
+    by_name = described.by_name() if described is not None else {}
     columns = []
     for i, column in enumerate(version.columns):
         known = by_name.get(column.name)
@@ -247,14 +249,14 @@ def baseline_state(
     return TableState(
         relid=version.relation_id,
         lsn=lsn,
-        storage=catalog.storage if catalog is not None and matched else None,
-        horizon=catalog.horizon if catalog is not None and matched else None,
+        storage=described.storage if described is not None else None,
+        horizon=described.horizon if described is not None else None,
         replica_identity=version.replica_identity,
         key=key_names(version),
         columns=tuple(columns),
         recreated_lsn=recreated_lsn,
-        unpublished=catalog.unpublished(version) if catalog is not None and matched else (),
-        gone=(catalog.dropped or ()) if catalog is not None and matched else (),
+        unpublished=described.unpublished(version) if described is not None else (),
+        gone=(described.dropped or ()) if described is not None else (),
         row_filter=catalog.row_filter if catalog is not None else None,
         filter_known=catalog is not None and catalog.filter_known,
     )

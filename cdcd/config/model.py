@@ -332,6 +332,14 @@ class SnapshotConfig(_Model):
         "initial", description="initial | never | initial_only"
     )
     chunk_rows: int = Field(10_000, ge=1, description="rows per snapshot chunk")
+    incremental_chunk_rows: int | None = Field(
+        None,
+        ge=1,
+        description="rows per chunk of an incremental snapshot (a heal, cdcd snapshot --table, "
+        "the rest of an interrupted initial snapshot); default 3 x chunk_rows: it holds one "
+        "chunk at a time where the initial snapshot holds up to 3 x parallelism + 1, and each "
+        "chunk costs two watermark transactions, so larger chunks copy faster",
+    )
     parallelism: int = Field(2, ge=1, le=32, description="connections reading the snapshot")
     processes: int = Field(
         0,
@@ -343,6 +351,11 @@ class SnapshotConfig(_Model):
         "(docs/snapshots.md)",
     )
     signal_table: str = Field("cdcd_signal", description="table polled for incremental snapshots")
+
+    @property
+    def incremental_rows(self) -> int:
+        """Rows per chunk of an incremental snapshot: the setting, or 3 x ``chunk_rows``."""
+        return self.incremental_chunk_rows or 3 * self.chunk_rows
 
 
 class SchemaChangesConfig(_Model):

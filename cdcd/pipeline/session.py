@@ -289,7 +289,7 @@ class Session:
             publisher=publisher,
             relations=snapshot_relations,
             include=self._include,
-            chunk_rows=snap.chunk_rows,
+            chunk_rows=snap.incremental_rows,
             metrics=self.metrics,
             resume_initial=snap.mode != "never",
             on_job_done=self._snapshot_done,

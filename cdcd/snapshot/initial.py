@@ -19,8 +19,9 @@ How it stays consistent (no gap, no overlap beyond at-least-once):
 3. Tables are read in key order by keyset chunks (``cdcd.snapshot.rows``),
    a large table cut into key ranges from a block sample so that the pool's
    connections read ranges of it in parallel; tables without a primary key
-   or replica identity index are read in one pass (a warning says so), in
-   batches as COPY delivers them. Reading happens on worker threads, and so
+   or replica identity index are read in physical order (a warning says so),
+   in batches as COPY delivers them, a large one cut into block ranges read
+   by ``ctid`` (PostgreSQL 14 and later). Reading happens on worker threads, and so
    does encoding: each chunk's COPY text becomes its messages (key, ``op=r``
    envelope, headers) in one call of the compiled encoder
    (``cdcd.snapshot.rows.encode_reads``), with ``cdcd.seq`` ranges taken from
@@ -115,6 +116,7 @@ from cdcd.snapshot.ranges import STORAGE_THEN_SQL, prepare_reader, read_error, r
 from cdcd.snapshot.rows import (
     Key,
     TablePlan,
+    block_split_points,
     encode_reads,
     estimate_rows,
     plan_table,
@@ -255,8 +257,9 @@ class _Table:
 @dataclass(frozen=True)
 class _Range:
     table: _Table
-    after: Key | None  # exclusive lower bound; None: from the start
-    upper: Key | None  # inclusive upper bound; None: to the end
+    # Keys (after, upper]; for a table without a key, ctid [after, upper).
+    after: Key | None  # lower bound; None: from the start
+    upper: Key | None  # upper bound; None: to the end
 
 
 @dataclass(frozen=True)
@@ -362,10 +365,13 @@ class InitialSnapshot:
                 if estimated > 4 * self.chunk_rows:
                     points = split_points(db, plan, self.readers, estimated)
             else:
+                if estimated > 4 * self.chunk_rows:
+                    points = block_split_points(db, plan, self.readers)
                 log.warning(
                     "table %s has no primary key or replica identity index: its snapshot is "
-                    "one pass in physical order, and its Kafka messages have null keys",
+                    "read in physical order (%s), and its Kafka messages have null keys",
                     plan.name,
+                    f"{len(points) + 1} block ranges" if points else "one pass",
                     extra={"table": plan.name},
                 )
             bounds: list[Key | None] = [None, *points, None]

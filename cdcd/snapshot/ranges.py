@@ -91,6 +91,9 @@ def read_guarded(
 ) -> HandOver | None:
     """Lock, check and read keys (``after``, ``upper``] of ``plan``'s table under a savepoint.
 
+    For a table without a key the bounds are ``ctid`` [``after``, ``upper``)
+    (:meth:`~cdcd.snapshot.rows.TablePlan.select_sql`).
+
     Returns None when the range was read (every chunk handed to ``emit``),
     or why the table must be handed over to an incremental snapshot. A
     failure that is not a DDL since the snapshot is raised.
@@ -144,7 +147,7 @@ def _read_range(
 ) -> None:
     if not plan.keyed:
         stream = CopyRowStream(plan, chunk_rows, emit)
-        cursor.copy_expert(f"COPY ({plan.select_sql(cursor, None, None, None)}) TO STDOUT", stream)
+        cursor.copy_expert(f"COPY ({plan.select_sql(cursor, after, upper, None)}) TO STDOUT", stream)
         stream.close()
         return
     while not aborted():

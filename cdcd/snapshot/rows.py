@@ -74,6 +74,7 @@ __all__ = [
     "published_relation",
     "read_chunk",
     "split_points",
+    "block_split_points",
 ]
 
 log = logging.getLogger("cdcd.snapshot")
@@ -123,11 +124,20 @@ class TablePlan:
     def select_sql(
         self, cursor: Any, after: Key | None, upper: Key | None, limit: int | None
     ) -> str:
-        """The SELECT of one chunk: keys in (after, upper], in key order, at most ``limit`` rows."""
+        """The SELECT of one chunk: keys in (after, upper], in key order, at most ``limit`` rows.
+
+        A table without a key is read in physical order and its bounds are
+        block ranges (:func:`block_split_points`): ``ctid`` in [after, upper),
+        each a ``tid`` text; ``limit`` does not apply.
+        """
         sql = f"SELECT {self.columns_sql} FROM {self.from_sql}"
         conditions = [self.row_filter] if self.row_filter else []
         if not self.keyed:
-            return sql + (" WHERE " + conditions[0] if conditions else "")
+            if after is not None:
+                conditions.append(f"ctid >= {cursor.mogrify('%s', (after[0],)).decode()}::tid")
+            if upper is not None:
+                conditions.append(f"ctid < {cursor.mogrify('%s', (upper[0],)).decode()}::tid")
+            return sql + (" WHERE " + " AND ".join(conditions) if conditions else "")
         keys = ", ".join(self.key_columns)
         if after is not None:
             conditions.append(f"({keys}) > {self._tuple(cursor, after)}")
@@ -380,6 +390,38 @@ def split_points(db: SourceDatabase, plan: TablePlan, parts: int, estimated: int
         if not points or key != points[-1]:
             points.append(key)
     return points
+
+
+#: PostgreSQL 14 brought TID range scans: before it, a ``ctid`` range reads the whole table.
+_TID_RANGE_SCAN_VERSION = 140000
+
+#: A plain table's size in blocks now; a partitioned root has none of its own.
+_BLOCKS_SQL = (
+    "SELECT c.relkind::text, pg_relation_size(c.oid) / current_setting('block_size')::bigint "
+    "FROM pg_class c WHERE c.oid = %s"
+)
+
+
+def block_split_points(db: SourceDatabase, plan: TablePlan, parts: int) -> list[Key]:
+    """Up to ``parts - 1`` block numbers that cut a table without a key into ranges.
+
+    Each is a ``tid`` text ``(block,0)``; ranges [start, b1), [b1, b2) …
+    [bn, end) read by ``ctid`` cover every row version the snapshot sees
+    exactly once, wherever an update put it since: visibility, not position,
+    decides what a reader returns, and the last range is open so blocks
+    added after the size was read are covered too. Only a plain table on
+    PostgreSQL 14 or later is cut (a TID range scan reads just its blocks;
+    before 14 every reader would scan the whole table).
+    """
+    if parts < 2 or plan.keyed or db.server_version < _TID_RANGE_SCAN_VERSION:
+        return []
+    rows = _probe(db, _BLOCKS_SQL, (plan.relation_id,))
+    if not rows or rows[0][0] != "r":
+        return []
+    blocks = int(rows[0][1] or 0)
+    if blocks < 2 * parts:
+        return []
+    return [(f"({i * blocks // parts},0)",) for i in range(1, parts)]
 
 
 def _probe(db: SourceDatabase, sql: str, params: Any = None) -> list[tuple[Any, ...]] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cdcd.config.model import SnapshotConfig
 from cdcd.errors import DefiniteError
 from cdcd.protocol.messages import KIND_NULL, KIND_TEXT
 from cdcd.snapshot.incremental import ChunkWindow, Visibility
@@ -86,3 +87,9 @@ def test_window_ignores_transactions_older_than_its_horizon() -> None:
     window.record(41, b"late")  # after the low watermark every change counts
     keys, truncated = window.superseded(Visibility.parse("55:70:57"))
     assert keys == {b"raced", b"late"} and not truncated
+
+
+def test_incremental_chunks_default_to_three_initial_chunks_unless_set() -> None:
+    assert SnapshotConfig().incremental_rows == 30_000
+    assert SnapshotConfig(chunk_rows=500).incremental_rows == 1_500
+    assert SnapshotConfig(chunk_rows=500, incremental_chunk_rows=200).incremental_rows == 200

@@ -95,6 +95,11 @@ def write_config(
     }
     for section, values in (extra or {}).items():
         config.setdefault(section, {}).update(values)
+    snapshot = config["snapshot"]
+    if "chunk_rows" in snapshot:
+        # A test that sets small chunks means them for incremental snapshots too
+        # (whose default is three times chunk_rows): keep its chunk count.
+        snapshot.setdefault("incremental_chunk_rows", snapshot["chunk_rows"])
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
 

@@ -360,7 +360,8 @@ def _initial_snapshot(s: Startup) -> None:
         pg.dsn.get_secret_value(),
         pg.slot,
         pg.protocol_version >= 3,
-        snap.parallelism,
+        # Worker processes import the snapshot themselves: the daemon only plans.
+        1 if snap.processes else snap.parallelism,
         pg.connect_timeout_s,
         beat=s.beat,
         stop=s.stop,

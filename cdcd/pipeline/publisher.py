@@ -29,7 +29,9 @@ Snapshots (``cdcd.snapshot``) publish through the same tickets:
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -129,6 +131,11 @@ class SchemaTracker(Protocol):
     def snapshot_version(self, version: TableVersion) -> TableVersion: ...
 
 
+#: How many of the latest transactions' xids the publisher remembers
+#: (:meth:`Publisher.published_before`).
+RECENT_XIDS = 16_384
+
+
 class Publisher:
     """Encodes and produces committed transactions; see the module docstring."""
 
@@ -187,6 +194,11 @@ class Publisher:
         self._watch_relid: int | None = None
         self._watch_record: KeyRecorder | None = None
         self.transactions = 0
+        # xids of the latest transactions begun, oldest first, and how many
+        # began in all: what an incremental snapshot's chunk checks its read
+        # against (published_before).
+        self._recent_xids: deque[int] = deque(maxlen=RECENT_XIDS)
+        self.begun = 0
 
     # -- helpers ------------------------------------------------------------------
 
@@ -313,6 +325,8 @@ class Publisher:
     # -- ChangeSink -----------------------------------------------------------------
 
     def begin_transaction(self, xid: int, commit_lsn: Lsn, commit_ts: int) -> None:
+        self._recent_xids.append(xid)
+        self.begun += 1
         commit_ms = pg_timestamp_to_unix_ms(commit_ts)
         ticket = self._ticket = self._tracker.open(commit_ts=commit_ms)
         stamp = self._stamp = make_stamp(xid, commit_lsn, commit_ms)
@@ -575,6 +589,16 @@ class Publisher:
     def snapshot_encoder(self, table: TableVersion) -> TableEncoder | None:
         """The encoder of a snapshot table version (creates its topic); None if not captured."""
         return self._table(table)
+
+    def published_before(self, begun: int) -> list[int]:
+        """xids of the transactions published before the ``begun``-th one (of :attr:`begun`).
+
+        Only the latest :data:`RECENT_XIDS` are remembered: a transaction is
+        asked about while PostgreSQL has yet to make it visible, moments
+        after its commit was streamed.
+        """
+        since = self.begun - begun
+        return list(itertools.islice(self._recent_xids, 0, max(0, len(self._recent_xids) - since)))
 
     def snapshot_messages(self, topic: str, messages: list[Message], lsn: Lsn) -> TxnTicket:
         """Produce encoded initial-snapshot reads in a ticket of their own, sealed at ``lsn``.

@@ -83,10 +83,15 @@ class ChunkWindow:
     a transaction older than it had finished before the read began, so its
     changes before the low watermark cannot supersede the chunk and are not
     kept. That bounds memory when the stream lags far behind.
+
+    ``opened_at`` is the publisher's count of transactions begun when the
+    window opened (it records the table's changes from then on): see
+    :meth:`unseen_earlier`.
     """
 
-    def __init__(self, horizon: int | None = None) -> None:
+    def __init__(self, horizon: int | None = None, opened_at: int = 0) -> None:
         self.horizon = horizon
+        self.opened_at = opened_at
         self.low_seen = False
         self.after_low: set[bytes] = set()
         self.before_low: list[tuple[int, bytes]] = []
@@ -106,6 +111,22 @@ class ChunkWindow:
             self.truncates_before_low.append(xid)
         else:
             self.before_low.append((xid, key))
+
+    @staticmethod
+    def unseen_earlier(visibility: Visibility, published_earlier: list[int]) -> list[int]:
+        """Transactions published before the window opened that the read did not see.
+
+        PostgreSQL writes a commit record before it makes the transaction
+        visible, and the stream can publish the transaction in between; with a
+        synchronous standby the backend waits for the standby's reply in
+        between. A read whose snapshot still had such a transaction in
+        progress returns rows older than what the stream already published,
+        and the window, opened later, holds no key of it to drop. Any such
+        transaction means the chunk must be read again.
+        """
+        if not visibility.xip:
+            return []
+        return sorted({xid & _XID_MASK for xid in published_earlier} & visibility.xip)
 
     def superseded(self, visibility: Visibility) -> tuple[set[bytes], bool]:
         """Keys whose chunk rows must be dropped, and whether the whole chunk must be."""

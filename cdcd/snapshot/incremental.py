@@ -44,6 +44,15 @@ with its commit LSN:
   against the read's snapshot.
 * a TRUNCATE of the table under either rule drops the whole chunk.
 
+Keys are recorded only from a point on (the table's start, the previous high
+watermark); a transaction the stream published before that point but the
+read's snapshot still saw in progress (the moment between its commit record
+and its visibility, or all the while it waits for a synchronous standby)
+escapes both rules. The publisher remembers the latest transactions' ids
+(``Publisher.published_before``); a read that did not see one of those from
+before the point is not published but read again
+(``ChunkWindow.unseen_earlier``).
+
 So a published chunk row is never older than what the stream published for
 that key before it, and every later change follows it: replaying the topic
 in (``cdcd.lsn``, ``cdcd.seq``) order gives the table. Chunks of one table
@@ -243,6 +252,7 @@ class IncrementalSnapshots:
         self._table_noted = False
         self._run_id = uuid.uuid4().hex[:12]
         self._chunk_no = 0
+        self._rereads = 0  # of the current chunk (ChunkWindow.unseen_earlier)
         self._next_poll = 0.0
         self._poll_interval_s = POLL_INTERVAL_S
         self._job: Job | None = None
@@ -594,7 +604,7 @@ class IncrementalSnapshots:
         self._table = _TableRun(plan, encoder, progress, after, baseline)
         function = "pg_current_snapshot" if self.db.server_version >= 130000 else "txid_current_snapshot"
         now = Visibility.parse(str(self.db.scalar(f"SELECT {function}()::text")))
-        self._window = ChunkWindow(horizon=now.xmin)
+        self._window = ChunkWindow(horizon=now.xmin, opened_at=self.publisher.begun)
         self.publisher.watch(plan.relation_id, self._record)
         self._dispatch()
 
@@ -690,7 +700,25 @@ class IncrementalSnapshots:
     def _publish(self, request: ChunkRequest, chunk: CopyChunk, visibility: Visibility) -> None:
         job, run = self._job, self._table
         assert job is not None and run is not None
-        superseded, truncated = self._window.superseded(visibility)
+        window = self._window
+        unseen = window.unseen_earlier(visibility, self.publisher.published_before(window.opened_at))
+        if unseen:
+            # Read again in a window that opens now: it records those transactions'
+            # later changes, and the next read sees them once they are visible.
+            (log.info if self._rereads == 0 else log.debug)(
+                "chunk %d of %s: its read did not yet see transaction(s) %s that the stream "
+                "published before the chunk; reading it again",
+                run.progress.chunks + 1,
+                run.plan.name,
+                ", ".join(str(x) for x in unseen),
+                extra={"table": run.plan.name},
+            )
+            self._rereads += 1
+            self._request = None
+            self._window = ChunkWindow(horizon=visibility.xmin, opened_at=self.publisher.begun)
+            self._dispatch()
+            return
+        superseded, truncated = window.superseded(visibility)
         data = b"" if truncated else chunk.data
         ticket, sent = self.publisher.snapshot_copy_in_transaction(run.encoder, data, superseded)
         run.progress.chunk(chunk.rows, sent)
@@ -723,8 +751,9 @@ class IncrementalSnapshots:
             extra={"table": run.plan.name, "snapshot_chunks": run.progress.chunks},
         )
         self._request = None
+        self._rereads = 0
         # The next read starts after this one: what this one saw, it sees.
-        self._window = ChunkWindow(horizon=visibility.xmin)
+        self._window = ChunkWindow(horizon=visibility.xmin, opened_at=self.publisher.begun)
         if finished:
             run.progress.finish()
             log.info(

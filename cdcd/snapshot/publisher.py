@@ -59,6 +59,15 @@ class SnapshotPublisher(Protocol):
         """Stop reporting changes of the watched table."""
         ...
 
+    @property
+    def begun(self) -> int:
+        """How many transactions the publisher began so far."""
+        ...
+
+    def published_before(self, begun: int) -> list[int]:
+        """xids of the (latest remembered) transactions published before the ``begun``-th."""
+        ...
+
 
 class SchemaBaselines(Protocol):
     """What snapshots tell schema-change tracking (``cdcd.pipeline.schema_changes.SchemaChanges``).

@@ -292,3 +292,17 @@ def test_random_batches_every_table_and_op(seed: int) -> None:
     if seed % 2:
         # END records count the same changes, per transaction and table.
         assert rig.check_transaction_records() == rig.publisher.transactions
+
+
+def test_the_publisher_remembers_which_transactions_it_published_before_a_point() -> None:
+    rig = _Rig()
+    for _ in range(3):
+        rig.begin()
+        rig.commit()
+    point = rig.publisher.begun
+    for _ in range(2):
+        rig.begin()
+        rig.commit()
+    assert rig.publisher.published_before(point) == [701, 702, 703]
+    assert rig.publisher.published_before(rig.publisher.begun) == [701, 702, 703, 704, 705]
+    assert rig.publisher.published_before(0) == []

@@ -93,3 +93,15 @@ def test_incremental_chunks_default_to_three_initial_chunks_unless_set() -> None
     assert SnapshotConfig().incremental_rows == 30_000
     assert SnapshotConfig(chunk_rows=500).incremental_rows == 1_500
     assert SnapshotConfig(chunk_rows=500, incremental_chunk_rows=200).incremental_rows == 200
+
+
+def test_a_read_that_missed_a_transaction_published_before_its_window_is_found() -> None:
+    read = Visibility.parse("100:110:104,107")
+    # 104 was streamed before the window opened and the read still saw it in progress.
+    assert ChunkWindow.unseen_earlier(read, [99, 104, 105]) == [104]
+    # 107 was not streamed before the window (still running, or later: the window has it).
+    assert ChunkWindow.unseen_earlier(read, [99, 105]) == []
+    # 64-bit snapshot xids (epoch 1) against pgoutput's 32-bit ones.
+    wide = Visibility.parse(f"{2**32 + 100}:{2**32 + 110}:{2**32 + 104}")
+    assert ChunkWindow.unseen_earlier(wide, [104]) == [104]
+    assert ChunkWindow.unseen_earlier(Visibility.parse("100:110:"), [104]) == []

@@ -147,6 +147,12 @@ log = logging.getLogger("cdcd.snapshot")
 #: or, while it does not exist, looked up in the catalog.
 POLL_INTERVAL_S = 2.0
 
+#: A chunk whose read missed a streamed commit is read again at once, then
+#: after this delay, doubling up to :data:`REREAD_MAX_DELAY_S` (a commit that
+#: waits for a synchronous standby stays invisible as long as the standby is away).
+REREAD_DELAY_S = 0.05
+REREAD_MAX_DELAY_S = 2.0
+
 
 class FailedJobs:
     """Failed snapshot jobs: counted (``cdcd_snapshot_failures_total``); cdcd's own retried.
@@ -253,6 +259,8 @@ class IncrementalSnapshots:
         self._run_id = uuid.uuid4().hex[:12]
         self._chunk_no = 0
         self._rereads = 0  # of the current chunk (ChunkWindow.unseen_earlier)
+        # A chunk to read again at a monotonic time, and the table run it is of.
+        self._reread_at: tuple[float, _TableRun] | None = None
         self._next_poll = 0.0
         self._poll_interval_s = POLL_INTERVAL_S
         self._job: Job | None = None
@@ -288,6 +296,11 @@ class IncrementalSnapshots:
                 self._failed(request.error)
             elif self._worker is not None and not self._worker.alive:
                 raise TransientError("the incremental snapshot worker thread stopped")
+        pending = self._reread_at
+        if pending is not None and time.monotonic() >= pending[0]:
+            self._reread_at = None
+            if self._table is pending[1] and self._request is None:
+                self._dispatch()
         try:
             if self._unsaved:
                 self._save_delivered()
@@ -631,6 +644,7 @@ class IncrementalSnapshots:
     def _dispatch(self) -> None:
         run = self._table
         assert run is not None
+        self._reread_at = None
         self._chunk_no += 1
         request = ChunkRequest(
             f"{self._run_id}:{self._chunk_no}",
@@ -713,10 +727,15 @@ class IncrementalSnapshots:
                 ", ".join(str(x) for x in unseen),
                 extra={"table": run.plan.name},
             )
-            self._rereads += 1
             self._request = None
             self._window = ChunkWindow(horizon=visibility.xmin, opened_at=self.publisher.begun)
-            self._dispatch()
+            if self._rereads == 0:
+                self._dispatch()  # most such commits become visible within microseconds
+            else:
+                # One waiting for a synchronous standby may wait long: read less often.
+                delay_s = min(REREAD_MAX_DELAY_S, REREAD_DELAY_S * 2 ** (self._rereads - 1))
+                self._reread_at = (time.monotonic() + delay_s, run)
+            self._rereads += 1
             return
         superseded, truncated = window.superseded(visibility)
         data = b"" if truncated else chunk.data

@@ -20,6 +20,42 @@ from cdcd.tools.local.process import pid_alive, proc_stat_fields
 from cdcd.tools.local.workload import orders_ddl
 
 
+class BackgroundWrites:
+    """A thread that runs :meth:`write` on a connection of its own until :meth:`finish`.
+
+    :meth:`write` loops until ``self.stop`` is set; whatever it raises is
+    raised again by :meth:`finish`, in the test's thread.
+    """
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+        self.stop = threading.Event()
+        self.failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def write(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        conn = self.pg.connect()
+        try:
+            self.write(conn)
+        except Exception as exc:  # noqa: BLE001 - reported by the test thread
+            self.failure.append(exc)
+        finally:
+            conn.close()
+
+    def start(self) -> BackgroundWrites:
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        self._thread.join(30)
+        if self.failure:
+            raise self.failure[0]
+
+
 def create_orders(conn: psycopg2.extensions.connection, rows: int, table: str = "orders") -> None:
     """The SPEC §9 table with ``rows`` rows (ids 1..rows), some notes with COPY escapes."""
     with conn.cursor() as cur:

@@ -20,7 +20,7 @@ hold must equal the table.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,16 +43,6 @@ DB = "limbo"
 SLOT = f"cdcd_{DB}"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalPostgres]:
-    """A cluster of this module's own: synchronous_standby_names is server-wide."""
-    instance = LocalPostgres.start()
-    try:
-        yield instance
-    finally:
-        instance.cleanup()
-
-
 REREAD = "did not yet see transaction"
 
 
@@ -70,8 +60,9 @@ def _confirmed_past(cluster: LocalPostgres, lsn: str) -> bool:
 
 
 def test_a_chunk_read_before_a_streamed_commit_is_visible_is_read_again(
-    cluster: LocalPostgres, broker: LocalBroker, tmp_path: Path
+    make_pg_cluster: Callable[..., LocalPostgres], broker: LocalBroker, tmp_path: Path
 ) -> None:
+    cluster = make_pg_cluster()  # of its own: synchronous_standby_names is server-wide
     cluster.create_database(DB)
     cluster.execute("CREATE TABLE items(id int PRIMARY KEY, note text)", dbname=DB)
     cluster.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 300) g", dbname=DB)

@@ -15,54 +15,31 @@ identity (PostgreSQL knows no key for it).
 from __future__ import annotations
 
 import random
-import threading
 from typing import Any
 
 import pytest
 
-from .helpers import topic_changes, wait_caught_up, wait_streaming
+from .helpers import BackgroundWrites, topic_changes, wait_caught_up, wait_streaming
 
 pytestmark = pytest.mark.integration
 
 ROWS = 30_000
 
 
-class Mover:
+class Mover(BackgroundWrites):
     """Single-row updates that widen a row, so that its new version lands in another block."""
 
-    def __init__(self, pg: Any) -> None:
-        self.pg = pg
-        self.stop = threading.Event()
-        self.failure: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        rng = random.Random(11)
-        conn = self.pg.connect()
+    def write(self, conn: Any) -> None:
         conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                count = 0
-                while not self.stop.is_set():
-                    count += 1
-                    cur.execute(
-                        "UPDATE events SET kind = %s, pad = repeat('y', 300) WHERE n = %s",
-                        (f"moved-{count}", rng.randrange(1, ROWS + 1)),
-                    )
-        except Exception as exc:  # noqa: BLE001 - reported by the test thread
-            self.failure.append(exc)
-        finally:
-            conn.close()
-
-    def start(self) -> Mover:
-        self._thread.start()
-        return self
-
-    def finish(self) -> None:
-        self.stop.set()
-        self._thread.join(30)
-        if self.failure:
-            raise self.failure[0]
+        rng = random.Random(11)
+        with conn.cursor() as cur:
+            count = 0
+            while not self.stop.is_set():
+                count += 1
+                cur.execute(
+                    "UPDATE events SET kind = %s, pad = repeat('y', 300) WHERE n = %s",
+                    (f"moved-{count}", rng.randrange(1, ROWS + 1)),
+                )
 
 
 def _row(image: dict[str, Any]) -> tuple[Any, ...]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import random
 import re
-import threading
 import time
 from typing import Any
 
@@ -32,6 +31,7 @@ import pytest
 from cdcd.tools.local.process import pid_alive
 
 from .helpers import (
+    BackgroundWrites,
     Writer,
     create_orders,
     mirrored,
@@ -47,47 +47,26 @@ pytestmark = pytest.mark.integration
 ROWS = 20_000
 
 
-class Mover:
+class Mover(BackgroundWrites):
     """Transactions that each move one row into another reader's key range."""
 
-    def __init__(self, pg: Any) -> None:
-        self.pg = pg
-        self.stop = threading.Event()
-        self.moved = 0
-        self.failure: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    moved = 0
 
-    def _run(self) -> None:
+    def write(self, conn: Any) -> None:
         rng = random.Random(7)
-        conn = self.pg.connect()
-        try:
-            with conn.cursor() as cur:
-                while not self.stop.is_set():
-                    source = rng.randrange(1, ROWS + 1)
-                    # Low keys go past the end (the last range), high ones below
-                    # zero (the first); both in one transaction, with another write.
-                    target = "-nextval('moved')" if source > ROWS // 2 else f"{10 * ROWS} + nextval('moved')"
-                    cur.execute("BEGIN")
-                    cur.execute(f"UPDATE orders SET id = {target} WHERE id = %s", (source,))
-                    cur.execute("UPDATE orders SET status = 'moved-with' WHERE id = %s",
-                                (rng.randrange(1, ROWS + 1),))
-                    cur.execute("COMMIT")
-                    self.moved += cur.rowcount
-                    time.sleep(0.002)
-        except Exception as exc:  # noqa: BLE001 - reported by the test thread
-            self.failure.append(exc)
-        finally:
-            conn.close()
-
-    def start(self) -> Mover:
-        self._thread.start()
-        return self
-
-    def finish(self) -> None:
-        self.stop.set()
-        self._thread.join(30)
-        if self.failure:
-            raise self.failure[0]
+        with conn.cursor() as cur:
+            while not self.stop.is_set():
+                source = rng.randrange(1, ROWS + 1)
+                # Low keys go past the end (the last range), high ones below
+                # zero (the first); both in one transaction, with another write.
+                target = "-nextval('moved')" if source > ROWS // 2 else f"{10 * ROWS} + nextval('moved')"
+                cur.execute("BEGIN")
+                cur.execute(f"UPDATE orders SET id = {target} WHERE id = %s", (source,))
+                cur.execute("UPDATE orders SET status = 'moved-with' WHERE id = %s",
+                            (rng.randrange(1, ROWS + 1),))
+                cur.execute("COMMIT")
+                self.moved += cur.rowcount
+                time.sleep(0.002)
 
 
 def _at_point(now: dict[Any, dict[str, Any]], streamed: list[Any]) -> dict[Any, dict[str, Any]]:

@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     mirror.add_argument(
         "--bulk-rows", type=int, default=None, metavar="N",
-        help="a batch bringing a table at least N new rows is written by the Spark executors, "
-        "not collected to the driver (default 100000; 0: never)",
+        help="a batch bringing a table at least N new rows (or N changes and a quarter of "
+        "its rows) is written by the Spark executors, not collected to the driver "
+        "(default 100000; 0: never)",
     )  # fmt: skip
     mirror.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",

@@ -38,7 +38,9 @@ that none of its keys is there. A snapshot publishes in key order, so a later
 batch of a build meets only the files of the batch before it at the boundary.
 A task that finds a stored key writes nothing and reports a clash; the
 driver then commits nothing for that table (files other tasks wrote belong
-to no version) and applies its changes on the driver path. Held-back
+to no version) and has the executors rewrite the table
+(:mod:`cdcd.spark.rewrite`, when the batch is large enough next to the table)
+or applies its changes on the driver path. Held-back
 key-change creates and recent deletes (the side tables) would interact with
 the rows, so a table that has any goes to the driver path too.
 
@@ -72,14 +74,24 @@ from cdcd.spark.tablestate import Stored, TableState, apply_batch, reader_change
 __all__ = [
     "ACTIONS_DDL",
     "BULK_ROWS",
+    "ActionRows",
     "STAGE_PREFIX",
     "SUMMARY_DDL",
     "BulkTable",
     "BulkTarget",
     "actions_of",
+    "applied_stats",
     "bulk_tables",
+    "ipc",
+    "large_keyed_topics",
+    "read_ipc",
+    "source_table",
+    "stage_files",
     "stored_keys_among",
     "summarize_payloads",
+    "summarized_state",
+    "summary_by_topic",
+    "summary_natives",
     "write_files",
 ]
 
@@ -97,6 +109,9 @@ _SUMMARY_SCHEMA = pa.schema(
         pa.field("identity", pa.string()),
         pa.field("rows", pa.int64()),
         pa.field("inserts_only", pa.bool_()),
+        # No truncate, no create carrying unchanged TOAST (a key change's second
+        # half): what the rewrite path (:mod:`cdcd.spark.rewrite`) can apply by key.
+        pa.field("by_key", pa.bool_()),
         pa.field("newest", pa.binary()),  # the change with the highest (lsn, seq), Arrow IPC
         pa.field("marks", pa.string()),  # JSON {partition: [lsn, seq]} of keyed changes
         pa.field("payload", pa.binary()),  # null when the task keeps the changes
@@ -127,14 +142,14 @@ SUMMARY_DDL = _ddl(_SUMMARY_SCHEMA)
 ACTIONS_DDL = _ddl(_ACTIONS_SCHEMA)
 
 
-def _ipc(table: pa.Table) -> bytes:
+def ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _read_ipc(data: bytes) -> pa.Table:
+def read_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
@@ -152,6 +167,15 @@ def _inserts_only(changes: pa.Table) -> bool:
     # A create with unchanged TOAST values is a key change's second half.
     toast = pc.list_value_length(changes.column("unchanged_toast"))
     return not pc.any(pc.greater(pc.fill_null(toast, 0), 0)).as_py()
+
+
+def _by_key(changes: pa.Table) -> bool:
+    ops = changes.column("op")
+    if pc.any(pc.equal(ops, "t")).as_py():
+        return False
+    toast = pc.fill_null(pc.list_value_length(changes.column("unchanged_toast")), 0)
+    creates = pc.is_in(ops, pa.array(["c", "r"]))
+    return not pc.any(pc.and_(creates, pc.greater(toast, 0))).as_py()
 
 
 def _marks(changes: pa.Table) -> dict[int, tuple[int, int]]:
@@ -183,13 +207,14 @@ def summarize_payloads(
         rows["identity"].append(identity)
         rows["rows"].append(changes.num_rows)
         rows["inserts_only"].append(_inserts_only(changes))
-        rows["newest"].append(_ipc(_newest(changes)))
+        rows["by_key"].append(_by_key(changes))
+        rows["newest"].append(ipc(_newest(changes)))
         marks = _marks(changes) if identity not in (None, "[]") else {}
         rows["marks"].append(json.dumps({str(p): list(v) for p, v in marks.items()}))
         rows["payload"].append(payload)
 
     for group, payloads in groups.items():
-        tables = [_read_ipc(p["payload"]) for p in payloads]
+        tables = [read_ipc(p["payload"]) for p in payloads]
         if sum(t.num_rows for t in tables) >= keep_below:
             add(group, pa.concat_tables(tables), None)  # stays here
         else:
@@ -239,17 +264,50 @@ class BulkTable:
         }
 
 
-def _natives(
+def summary_natives(
     topic: str, rows: Iterable[Mapping[str, Any]], schema_of: SchemaLookup, column: str
 ) -> list[NativeChanges]:
     out = []
     for row in rows:
         identity = None if row["identity"] is None else tuple(json.loads(row["identity"]))
         layout = RowLayout.from_envelope(schema_of(row["header"]))
-        out.append(
-            NativeChanges(topic, row["header"], layout, _read_ipc(row[column]), (), identity)
-        )
+        out.append(NativeChanges(topic, row["header"], layout, read_ipc(row[column]), (), identity))
     return out
+
+
+def summary_by_topic(summary: pa.Table) -> dict[str, list[dict[str, Any]]]:
+    """The rows of a batch's summary (:func:`summarize_payloads`), by topic, in order."""
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for row in summary.to_pylist():
+        by_topic.setdefault(row["topic"], []).append(row)
+    return dict(sorted(by_topic.items()))
+
+
+def large_keyed_topics(
+    summary: pa.Table, threshold: int, flag: str, schema_of: SchemaLookup
+) -> Iterator[tuple[str, list[dict[str, Any]], list[NativeChanges], int]]:
+    """The topics of a batch's ``summary`` with at least ``threshold`` changes, all
+    written under one key (no keyless change, no truncate alone) and all of whose
+    summary rows have ``flag`` (``inserts_only``, ``by_key``): (topic, its summary
+    rows, their newest changes, the number of changes)."""
+    for topic, rows in summary_by_topic(summary).items():
+        total = sum(r["rows"] for r in rows)
+        identities = {r["identity"] for r in rows}
+        if (
+            total < threshold
+            or not all(r[flag] for r in rows)
+            or len(identities) != 1
+            or None in identities
+            or "[]" in identities
+        ):
+            continue
+        yield topic, rows, summary_natives(topic, rows, schema_of, "newest"), total
+
+
+def source_table(natives: Sequence[NativeChanges]) -> tuple[str, str]:
+    """The PostgreSQL (schema, table) of a topic's changes."""
+    first = natives[0].changes.slice(0, 1).to_pylist()[0]
+    return first["source_schema"], first["source_table"]
 
 
 def bulk_tables(
@@ -265,53 +323,56 @@ def bulk_tables(
     the executors may write its batch (None: the driver applies it).
     """
     out: dict[str, BulkTable] = {}
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for row in summary.to_pylist():
-        by_topic.setdefault(row["topic"], []).append(row)
-    for topic, rows in sorted(by_topic.items()):
-        total = sum(r["rows"] for r in rows)
-        identities = {r["identity"] for r in rows}
-        if (
-            total < threshold
-            or not all(r["inserts_only"] for r in rows)
-            or len(identities) != 1
-            or None in identities
-            or "[]" in identities
-        ):
-            continue
-        natives = _natives(topic, rows, schema_of, "newest")
-        first = natives[0].changes.slice(0, 1).to_pylist()[0]
-        target = target_of(topic, first["source_schema"], first["source_table"])
+    for candidate in large_keyed_topics(summary, threshold, "inserts_only", schema_of):
+        topic, rows, natives, total = candidate
+        target = target_of(topic, *source_table(natives))
         if target is None:
             continue
-        existing = target.existing
-        state, _, _ = reader_changes(topic, existing, natives, schema_of)
-        if existing is not None and (
-            state.layout != existing.layout
-            or state.key != existing.key
-            or any(
-                pa.types.is_nested(state.layout.arrow_schema().field(k).type) for k in state.key
-            )  # fmt: skip
-        ):
-            # A schema or key change (the driver moves the stored rows), or arrays
-            # as keys (no hash join over them to prove the keys new).
-            continue
-        if target.history_layout is not None and target.history_layout != state.layout.shape:
-            continue  # the history table changes layout first
-        base = replace(
-            state,
-            truncated_at=existing.truncated_at if existing is not None else None,
-            high_water=dict(existing.high_water) if existing is not None else {},
+        states = summarized_state(
+            topic, rows, natives, target.existing, schema_of, track_partitions
         )
-        marks: dict[int, tuple[int, int]] = dict(base.high_water)
-        for row in rows:
-            for partition, version in json.loads(row["marks"]).items():
-                mark = (int(version[0]), int(version[1]))
-                if int(partition) not in marks or mark > marks[int(partition)]:
-                    marks[int(partition)] = mark
-        after = replace(base, high_water=marks if track_partitions else {})
+        if states is None:
+            continue
+        base, after = states
+        if target.history_layout is not None and target.history_layout != base.layout.shape:
+            continue  # the history table changes layout first
         out[topic] = BulkTable(base, after, target, total)
     return out
+
+
+def summarized_state(
+    topic: str,
+    rows: Sequence[Mapping[str, Any]],
+    natives: Sequence[NativeChanges],
+    existing: TableState | None,
+    schema_of: SchemaLookup,
+    track_partitions: bool,
+) -> tuple[TableState, TableState] | None:
+    """A table's state before and after a batch, from the batch's summary ``rows`` (and
+    their newest changes, ``natives``) alone: (what the executors apply the changes to:
+    the reader layout and key, the stored truncate and high-water marks; what the
+    commit records). None when the batch changes the stored table's layout or key
+    (the driver moves the stored rows), or the key holds arrays (no hash join over
+    them)."""
+    state, _, _ = reader_changes(topic, existing, natives, schema_of)
+    if existing is not None and (
+        state.layout != existing.layout
+        or state.key != existing.key
+        or any(pa.types.is_nested(state.layout.arrow_schema().field(k).type) for k in state.key)
+    ):
+        return None
+    base = replace(
+        state,
+        truncated_at=existing.truncated_at if existing is not None else None,
+        high_water=dict(existing.high_water) if existing is not None else {},
+    )
+    marks: dict[int, tuple[int, int]] = dict(base.high_water)
+    for row in rows:
+        for partition, version in json.loads(row["marks"]).items():
+            mark = (int(version[0]), int(version[1]))
+            if int(partition) not in marks or mark > marks[int(partition)]:
+                marks[int(partition)] = mark
+    return base, replace(base, high_water=marks if track_partitions else {})
 
 
 def _stage_adds(stage: str, storage_options: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -348,9 +409,9 @@ def _new_keys(changes: pa.Table, key_names: Sequence[str]) -> pa.Table:
     return pa.table({name: pc.struct_field(after, name) for name in key_names})
 
 
-def _stage(
+def stage_files(
     uri: str,
-    rows: pa.Table,
+    rows: pa.Table | pa.RecordBatchReader,
     batch_id: int,
     storage_options: Mapping[str, str],
     target_file_size: int,
@@ -383,6 +444,34 @@ def _history_rows(events: list[Any], layout: RowLayout) -> pa.Table:
     )
 
 
+class ActionRows:
+    """Rows of :data:`ACTIONS_DDL`: add actions of data files a task wrote, by topic."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {name: [] for name in _ACTIONS_SCHEMA.names}
+
+    def add(self, topic: str, kind: str, path: str | None, action: Mapping[str, Any],
+            applied: list[int] | None) -> None:  # fmt: skip
+        out = self.columns
+        out["topic"].append(topic)
+        out["kind"].append(kind)
+        out["path"].append(path)
+        out["size"].append(int(action["size"]) if "size" in action else None)
+        out["modification_time"].append(
+            int(action["modificationTime"]) if "modificationTime" in action else None
+        )
+        out["stats"].append(action.get("stats"))
+        out["partition_values"].append(json.dumps(action.get("partitionValues") or {}))
+        out["applied"].append(applied)
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_pydict(self.columns, schema=_ACTIONS_SCHEMA)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        if self.columns["topic"]:
+            yield pa.RecordBatch.from_pydict(self.columns, schema=_ACTIONS_SCHEMA)
+
+
 def write_files(
     batches: Iterable[pa.RecordBatch],
     tables: Mapping[str, dict[str, Any]],
@@ -400,26 +489,14 @@ def write_files(
         for payload in batch.to_pylist():
             if payload["topic"] in tables:
                 wanted.setdefault(payload["topic"], []).append(payload)
-    out: dict[str, list[Any]] = {name: [] for name in _ACTIONS_SCHEMA.names}
-
-    def add(topic: str, kind: str, path: str | None, action: Mapping[str, Any],
-            applied: list[int] | None) -> None:  # fmt: skip
-        out["topic"].append(topic)
-        out["kind"].append(kind)
-        out["path"].append(path)
-        out["size"].append(int(action["size"]) if "size" in action else None)
-        out["modification_time"].append(
-            int(action["modificationTime"]) if "modificationTime" in action else None
-        )
-        out["stats"].append(action.get("stats"))
-        out["partition_values"].append(json.dumps(action.get("partitionValues") or {}))
-        out["applied"].append(applied)
+    out = ActionRows()
+    add = out.add
 
     for topic, payloads in sorted(wanted.items()):
         document = tables[topic]
         uri = document["uri"]
         state = TableState.from_json(document["base"])
-        natives = _natives(topic, payloads, schema_of, "payload")
+        natives = summary_natives(topic, payloads, schema_of, "payload")
         state_now, changes, dropped = reader_changes(
             topic, state, natives, schema_of, keep_truncated=document["history"] is not None
         )
@@ -434,12 +511,12 @@ def write_files(
         )
         files: list[tuple[str, str | None, Mapping[str, Any]]] = []
         if result.rows.num_rows:
-            staged = _stage(uri, result.rows, batch_id, storage_options, target_file_size)
+            staged = stage_files(uri, result.rows, batch_id, storage_options, target_file_size)
             files += [("table", path, action) for path, action in staged]
         if history and result.events:
             versions = _history_rows(result.events, layout)
             if versions.num_rows:
-                staged = _stage(
+                staged = stage_files(
                     document["history"], versions, batch_id, storage_options, target_file_size
                 )
                 files += [("history", path, action) for path, action in staged]
@@ -448,8 +525,7 @@ def write_files(
         for kind, path, action in files or [("none", None, {})]:
             add(topic, kind, path, action, stats)
             stats = None
-    if out["topic"]:
-        yield pa.RecordBatch.from_pydict(out, schema=_ACTIONS_SCHEMA)
+    yield from out.batches()
 
 
 def actions_of(actions: pa.Table, topic: str, kind: str) -> pa.Table:

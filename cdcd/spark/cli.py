@@ -8,7 +8,9 @@ decodes it per table and MERGEs it into each table's Delta table.
 
 * ``--bulk-rows N``: a batch bringing a table at least ``N`` new rows (100 000
   by default; 0: never) is written by the executors, the driver committing
-  their files (:mod:`cdcd.spark.bulk`).
+  their files (:mod:`cdcd.spark.bulk`); one bringing an existing table at
+  least ``N`` changes and a quarter of its rows is applied by the executors
+  rewriting the table (:mod:`cdcd.spark.rewrite`).
 * ``--storage-option KEY=VALUE`` (repeatable) is passed to delta-rs for
   object-store outputs (``s3://``, ``gs://``, ``abfss://``...).
 * ``--optimize`` (compaction, Z-order by key) and ``--vacuum`` (with
@@ -264,8 +266,9 @@ def run_mirror(
 
     ``history``: every table also gets its history table (``--history``).
     ``bulk_rows`` (``--bulk-rows``): a batch bringing a table at least that many new
-    rows is written by the executors (:mod:`cdcd.spark.bulk`); 0: never; None: the
-    default."""
+    rows is written by the executors (:mod:`cdcd.spark.bulk`), one bringing that many
+    changes and a quarter of the table's rows rewritten by them
+    (:mod:`cdcd.spark.rewrite`); 0: never; None: the default."""
     own_session = spark is None
     session = spark if spark is not None else build_session(log_level=spark_log_level)
     from pyspark.errors import PySparkException

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
@@ -194,11 +194,17 @@ def commit_adds(
     create: bool,
     storage_options: Mapping[str, str],
     commit_properties: Any,
+    removes: Sequence[tuple[str, int]] = (),
+    version: int | None = None,
+    overwrite: bool = False,
 ) -> None:
     """Commit data files already in the table's directory (``actions``: one row per
     file, :func:`cdcd.spark.bulk.write_files`) as one transaction: the table's first
-    version (``create``) or an append to it."""
+    version (``create``), an append to it, an append that also removes the data files
+    ``removes`` ((path, size)) of the table ``version`` that was read, or an
+    ``overwrite`` of every row."""
     import json
+    import time
 
     from deltalake import Schema
     from deltalake.transaction import AddAction, create_table_with_add_actions
@@ -227,7 +233,16 @@ def commit_adds(
     from deltalake import DeltaTable
     from deltalake.transaction import RemoveAction
 
-    appended: list[AddAction | RemoveAction] = [*adds]
-    DeltaTable(uri, storage_options=dict(storage_options)).create_write_transaction(
-        appended, mode="append", schema=schema, commit_properties=commit_properties
+    now_ms = int(time.time() * 1000)
+    changed: list[AddAction | RemoveAction] = [
+        *adds,
+        *(RemoveAction(path, True, now_ms, size, {}) for path, size in removes),
+    ]
+    DeltaTable(
+        uri, version=version, storage_options=dict(storage_options)
+    ).create_write_transaction(
+        changed,
+        mode="overwrite" if overwrite else "append",
+        schema=schema,
+        commit_properties=commit_properties,
     )

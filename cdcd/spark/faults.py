@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 #: committed) or ``after-merge``, and the same for the history table's commit
 #: (``before-history``, ``in-history``, ``after-history``), or
 #: ``in-files`` (SIGKILL once the executors wrote a bulk write's data files,
-#: before the driver commits them; :mod:`cdcd.spark.bulk`), optionally
-#: ``:<batch id>``.
+#: before the driver commits them; :mod:`cdcd.spark.bulk`), ``in-rewrite``
+#: (the same for a table the executors rewrote; :mod:`cdcd.spark.rewrite`),
+#: optionally ``:<batch id>``.
 FAULT = ""
 
 

@@ -3,7 +3,9 @@
 :class:`MirrorJob` decodes the batch on the executors (each task reduces what
 it read: :func:`cdcd.spark.decode.decode_payloads`); a table the batch brings
 many new rows (a new table, a later batch of its build) is written by the
-executors (:mod:`cdcd.spark.bulk`), everything else is collected, already
+executors (:mod:`cdcd.spark.bulk`), a large batch that changes many of an
+existing table's rows is applied by the executors rewriting the table
+(:mod:`cdcd.spark.rewrite`), everything else is collected, already
 reduced, and applied table by table on the driver: pick the layout and key
 (:func:`cdcd.spark.tablestate.reader_changes`), read the stored rows the changes
 touch, fold the changes (the pure :func:`cdcd.spark.tablestate.apply_batch`), and
@@ -25,7 +27,7 @@ import pyarrow.compute as pc
 
 from cdcd.errors import CdcdError, DefiniteError
 from cdcd.naming import matches_table, parse_table, table_globs
-from cdcd.spark import bulk
+from cdcd.spark import bulk, rewrite
 from cdcd.spark.apply_runs import distinct_identities
 from cdcd.spark.decode import PAYLOAD_DDL, NativeChanges, decode_payloads, read_payloads
 from cdcd.spark.deltaio import TARGET_FILE_SIZE_BYTES, since_version
@@ -135,6 +137,10 @@ class BatchReport:
     changes: int
     tables: dict[str, ApplyStats]
     skipped: bool = False
+    #: The tables whose batch the executors wrote, by name: ``files`` (new rows
+    #: appended, :mod:`cdcd.spark.bulk`) or ``rewrite`` (:mod:`cdcd.spark.rewrite`);
+    #: the driver applied the others.
+    executors: dict[str, str] = field(default_factory=dict)
 
     def line(self) -> str:
         if self.skipped:
@@ -171,6 +177,10 @@ class MirrorJob:
     #: A batch bringing a table at least this many new rows is written by the
     #: executors (:mod:`cdcd.spark.bulk`); None: always collected.
     bulk_rows: int | None = field(default_factory=lambda: bulk.BULK_ROWS)
+    #: A batch of at least ``bulk_rows`` changes to an existing table that also
+    #: brings it at least this fraction of its stored rows is applied by
+    #: rewriting the table on the executors (:mod:`cdcd.spark.rewrite`); None: never.
+    rewrite_fraction: float | None = field(default_factory=lambda: rewrite.REWRITE_FRACTION)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -248,6 +258,22 @@ class MirrorJob:
             self.track_partitions,
         )
         written = self._write_bulk(decoded, tables, batch_id) if tables else {}
+        executors = {name: "files" for name, _, _ in written.values()}
+        if self.rewrite_fraction is not None:
+            # Large batches that change stored rows (and batches of new keys some of
+            # which the executors found stored): rewritten by the executors.
+            rest = sorted(set(large) - set(written))
+            rewrites = rewrite.rewrite_tables(
+                summary.filter(pc.is_in(topics, pa.array(rest, pa.string()))),
+                threshold,
+                self.rewrite_fraction,
+                schema_of,
+                partial(self._rewrite_target, batch_id=batch_id),
+                self.track_partitions,
+            )
+            rewritten = self._write_rewrite(decoded, rewrites, batch_id) if rewrites else {}
+            executors.update({name: "rewrite" for name, _, _ in rewritten.values()})
+            written.update(rewritten)
         # The payloads that came with the summary, but for the tables written above
         # and the topics some payloads of which stayed on the executors (a table
         # the executors found keys of already stored is applied here after all).
@@ -272,7 +298,7 @@ class MirrorJob:
             return BatchReport(batch_id, 0, {}, skipped=True)
         tables_stats = {**report.tables, **{n: s for n, _, s in written.values()}}
         changes = report.changes + sum(c for _, c, _ in written.values())
-        return BatchReport(batch_id, changes, tables_stats)
+        return BatchReport(batch_id, changes, tables_stats, executors=executors)
 
     def _bulk_target(
         self, topic: str, schema: str, table: str, *, batch_id: int
@@ -303,6 +329,115 @@ class MirrorJob:
         if (history.layout is None) != (mirrored is None):
             return None  # a history to start from stored rows, or left by an old query
         return bulk.BulkTarget(uri, existing, history.uri, history.layout)
+
+    def _rewrite_target(
+        self, topic: str, schema: str, table: str, *, batch_id: int
+    ) -> rewrite.RewriteTarget | None:
+        """Whether the executors may rewrite a table for this batch (None: the driver
+        applies it): a table the mirror holds, that has not seen this batch, holds no
+        held-back key-change create (a side table) and has no history table."""
+        store = self.store
+        mirrored = store.load(topic, schema, table)
+        if (
+            mirrored is None
+            or mirrored.applied_batch >= batch_id
+            or mirrored.pending_version is not None
+            or self.history.enabled(f"{schema}.{table}")
+        ):
+            return None
+        version, actions = store.add_actions(mirrored.uri)
+        files = rewrite.stored_files(actions, version, mirrored.state.layout.key_names)
+        return rewrite.RewriteTarget(mirrored.uri, mirrored.state, files)
+
+    def _write_rewrite(
+        self, decoded: DataFrame, tables: Mapping[str, rewrite.RewriteTable], batch_id: int
+    ) -> dict[str, tuple[str, int, ApplyStats]]:
+        """The executors rewrite the ``tables`` (their stored rows and the batch's
+        changes co-grouped by key); one commit per table here. By topic: (table name,
+        changes, statistics) of the tables committed; a table a bucket of which held
+        a change back is not (the driver applies its batch)."""
+        documents = {t: r.document() for t, r in tables.items()}
+        storage_options = self.store.storage_options
+        changes = decoded.mapInArrow(
+            partial(rewrite.bucket_changes, tables=documents, schema_of=self.catalog.schema),
+            rewrite.BUCKETED_DDL,
+        )
+        listing = rewrite.listing(tables)
+        files = decoded.sparkSession.createDataFrame(listing, rewrite.FILES_DDL)
+        if listing:
+            files = files.repartition(min(len(listing), 64))
+        stored = files.mapInArrow(
+            partial(rewrite.bucket_stored, tables=documents, storage_options=storage_options),
+            rewrite.BUCKETED_DDL,
+        )
+        actions = (
+            changes.groupBy("topic", "bucket")
+            .cogroup(stored.groupBy("topic", "bucket"))
+            .applyInArrow(
+                partial(
+                    rewrite.apply_bucket,
+                    tables=documents,
+                    batch_id=batch_id,
+                    storage_options=storage_options,
+                    target_file_size=TARGET_FILE_SIZE_BYTES,
+                ),
+                bulk.ACTIONS_DDL,
+            )
+            .toArrow()
+        )
+        if self.fault is not None and self.fault.armed("in-rewrite", batch_id):
+            kill_self("with the executors' rewritten data files written but not committed")
+        out = {}
+        for topic, table in sorted(tables.items()):
+            name = table.state.name
+            if bulk.actions_of(actions, topic, "held").num_rows:
+                log.info("%s: the batch holds a change back, applied by the driver", name)
+                continue
+            mirrored = self.store.tables[topic]
+            files_written = bulk.actions_of(actions, topic, "table")
+            stored_files = table.target.files
+            recent = bulk.actions_of(actions, topic, "recent")
+            if mirrored.recent_version is not None:
+                # The rows deleted by the batches before, one batch older.
+                aged = rewrite.aged_recent(
+                    mirrored.uri,
+                    mirrored.recent_version,
+                    table.state.layout,
+                    batch_id,
+                    storage_options,
+                    TARGET_FILE_SIZE_BYTES,
+                )
+                recent = pa.concat_tables([recent, aged])
+            self.store.commit_rewrite(
+                table.state,
+                mirrored,
+                batch_id,
+                version=stored_files.version,
+                removes=list(zip(stored_files.paths, stored_files.sizes, strict=True)),
+                files=files_written,
+                recent=recent,
+            )
+            stats = bulk.applied_stats(actions, topic)
+            self._warn_unmatched(name, stats, batch_id)
+            out[topic] = (name, table.changes, stats)
+            log.info(
+                "%s: %d changes applied by the executors, %d data files rewritten as %d",
+                name,
+                table.changes,
+                len(stored_files.paths),
+                files_written.num_rows,
+            )
+        return out
+
+    def _warn_unmatched(self, name: str, stats: ApplyStats, batch_id: int) -> None:
+        if stats.unmatched:
+            log.warning(
+                "%s: %d update(s) or delete(s) in batch %d matched no row of the mirror "
+                "(a delete removed nothing, an update was kept as an insert)",
+                name,
+                stats.unmatched,
+                batch_id,
+            )
 
     def _applied(self, summary: pa.Table, topic: str, batch_id: int) -> bool:
         rows = summary.filter(pc.equal(summary.column("topic"), topic))
@@ -495,14 +630,7 @@ class MirrorJob:
             state = replace(state, high_water={})
         if history:
             self._write_history(mirrored, state, batch_id, result.events or [])
-        if result.stats.unmatched:
-            log.warning(
-                "%s: %d update(s) or delete(s) in batch %d matched no row of the mirror "
-                "(a delete removed nothing, an update was kept as an insert)",
-                state.name,
-                result.stats.unmatched,
-                batch_id,
-            )
+        self._warn_unmatched(state.name, result.stats, batch_id)
         identity = list(layout.key_names) or [META_LSN, META_SEQ]
         if rekey:
             upserts, deletes = result.rows, empty_rows(layout)

@@ -5,7 +5,8 @@ URI, reads the stored rows a batch touches (file pruning by the log's min/max
 statistics), keeps the side tables (held-back key-change creates, recent
 deletes), and writes: one MERGE commit per table and batch (or a plain
 append, an overwrite for a re-keyed table, a rewrite for a new layout, a
-commit of data files the executors wrote: :meth:`MirrorStore.commit_files`),
+commit of data files the executors wrote: :meth:`MirrorStore.commit_files`, and
+of a table they rewrote: :meth:`MirrorStore.commit_rewrite`),
 each carrying the batch's Delta transaction id and the table's state in its
 commit metadata. History tables are its :class:`~cdcd.spark.history_store.HistoryWrites`
 half; maintenance (OPTIMIZE, VACUUM) is here too.
@@ -18,7 +19,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ from cdcd.spark.rows import (
     Version,
     conform,
     evolve,
+    recent_schema,
     state_schema,
 )
 from cdcd.spark.tablestate import TableState
@@ -509,6 +511,65 @@ class MirrorStore(HistoryWrites):
             create=create,
             storage_options=self.storage_options,
             commit_properties=commit,
+        )
+        self.tables[state.topic] = updated
+        return updated
+
+    def add_actions(self, uri: str) -> tuple[int, pa.Table]:
+        """The current version of the table at ``uri`` and its data files' add actions
+        (path, size, row count, statistics: ``get_add_actions(flatten=True)``)."""
+        delta = self._delta(uri)
+        return int(delta.version()), pa.table(delta.get_add_actions(flatten=True))
+
+    def commit_rewrite(
+        self,
+        state: TableState,
+        mirrored: Mirrored,
+        batch_id: int,
+        *,
+        version: int,
+        removes: Sequence[tuple[str, int]],
+        files: pa.Table,
+        recent: pa.Table,
+    ) -> Mirrored:
+        """Commit a table the executors rewrote (:mod:`cdcd.spark.rewrite`): one
+        transaction on the table ``version`` they read that removes its data files
+        ``removes`` ((path, size)) and adds ``files``, with the batch's transaction id
+        and ``state``; the rows the batch deleted (``recent``: data files in the
+        recent-deletes side table's directory) become that side table's next version
+        first (with the rows the batches before deleted, aged). The table had no
+        held-back change (the rewrite takes only those), so it has none after it.
+        Files written but not committed here belong to no version."""
+        from deltalake import CommitProperties, DeltaTable, Transaction
+
+        recent_version = None
+        if recent.num_rows:
+            side = f"{mirrored.uri}/{RECENT_DIR}"
+            exists = DeltaTable.is_deltatable(side, storage_options=self.storage_options)
+            commit_adds(
+                side,
+                recent_schema(state.layout),
+                recent,
+                create=not exists,
+                overwrite=exists,
+                storage_options=self.storage_options,
+                commit_properties=None,
+            )
+            recent_version = int(self._delta(side).version())
+        updated = Mirrored(state, mirrored.uri, None, recent_version, batch_id)
+        commit = CommitProperties(
+            custom_metadata=self._metadata(updated, batch_id),
+            app_transactions=[Transaction(self.app_id, batch_id)],
+        )
+        commit_adds(
+            mirrored.uri,
+            state_schema(state.layout),
+            files,
+            create=False,
+            storage_options=self.storage_options,
+            commit_properties=commit,
+            removes=removes,
+            version=version,
         )
         self.tables[state.topic] = updated
         return updated

@@ -376,12 +376,18 @@ def summarized_state(
 
 
 def _stage_adds(stage: str, storage_options: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The add actions of the staging table's one commit, as delta-rs wrote them."""
+    """The add actions of the staging table's one commit, as delta-rs wrote them.
+
+    The staging table's log is deleted once read: the table's own commit
+    takes the actions, and ``--vacuum`` (which skips ``_``-prefixed paths)
+    would never remove it.
+    """
     from deltalake.fs import DeltaStorageHandler
 
     handler = DeltaStorageHandler(stage, dict(storage_options))
     with handler.open_input_file("_delta_log/00000000000000000000.json") as log:
         lines = log.read().decode("utf-8").splitlines()
+    handler.delete_dir("_delta_log")
     return [entry["add"] for entry in map(json.loads, lines) if "add" in entry]
 
 

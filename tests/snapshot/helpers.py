@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg2.extensions
 from support.cdc import Change, read_changes, replay, wait_for
+from support.cdc import wait_streaming as support_wait_streaming
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 from cdcd.tools.local.process import pid_alive, proc_stat_fields
@@ -106,10 +107,10 @@ def wait_caught_up(pg: PgDatabase, slot: str, timeout_s: float = 120) -> None:
              what="the daemon to confirm everything written")
 
 
-def wait_streaming(pg: PgDatabase, slot: str, timeout_s: float = 120) -> None:
-    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                                 "AND active", (slot,)), timeout_s=timeout_s,
-             what="the daemon to stream")
+def wait_streaming(pg: PgDatabase, slot: str, timeout_s: float = 120, daemon: Any = None) -> None:
+    """Until a walsender streams from ``slot``; with ``daemon``, an AssertionError with the
+    end of its log as soon as it exits instead (not after ``timeout_s``)."""
+    support_wait_streaming(pg, slot, daemon, timeout_s)
 
 
 def topic_changes(broker_servers: str, prefix: str, table: str = "orders",

@@ -34,7 +34,7 @@ def test_column_added_during_snapshot_is_in_every_later_chunk(pg, broker, cdc_co
     slot = "cdcd_" + pg.dbname[:50]
     config = cdc_config(tables=["public.orders"], snapshot={"mode": "never", "chunk_rows": 200})
     daemon = daemons(config)
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     writer = Writer(pg, rows, seed=11, pause_s=0.001).start()
     job_id = request(config, "public.orders")
 

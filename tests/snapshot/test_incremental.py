@@ -74,7 +74,7 @@ def test_incremental_snapshot_survives_kill9_and_resumes(pg, broker, cdc_config,
     # 100 chunks: killed after 20, so most of the job is left for the restart.
     config = cdc_config(tables=["public.orders"], snapshot={"mode": "never", "chunk_rows": 200})
     first = daemons(config)
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=first)
     writer = Writer(pg, rows, seed=5, pause_s=0.0005).start()
     job_id = request(config, "public.orders")
 
@@ -129,7 +129,7 @@ def test_signal_row_debezium_style_and_rejected_requests(pg, broker, cdc_config,
     slot = "cdcd_" + pg.dbname[:50]
     # No postgres.tables: a FOR ALL TABLES publication, which includes the signal table.
     daemon = daemons(cdc_config(snapshot={"mode": "never"}))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     # Streaming alone creates no signal table: the operator creates it, as
     # with Debezium, and the running daemon finds it.
     pg.execute(DDL.format(table="cdcd_signal"))

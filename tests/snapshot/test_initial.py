@@ -38,7 +38,7 @@ def _initial_with_writes(pg, broker, cdc_config, daemons, rows: int, chunk_rows:
     time.sleep(0.5)  # writes before, during and after the snapshot
     started = time.monotonic()
     daemon = daemons(cdc_config(tables=["public.orders"], snapshot={"chunk_rows": chunk_rows}))
-    wait_streaming(pg, slot, timeout_s=600)
+    wait_streaming(pg, slot, timeout_s=600, daemon=daemon)
     elapsed = time.monotonic() - started
     time.sleep(1.0)
     writer.finish()
@@ -93,7 +93,7 @@ def test_initial_only_copies_and_exits_then_run_streams_from_the_consistent_poin
     pg.execute("UPDATE orders SET status = 'later' WHERE id <= 10")
     pg.execute("DELETE FROM orders WHERE id BETWEEN 11 AND 20")
     daemon = daemons(cdc_config(tables=["public.orders"], snapshot={"mode": "initial"}))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     wait_caught_up(pg, slot)
     assert daemon.terminate() == 0, daemon.log()
     assert "initial snapshot" not in daemon.log()  # the slot existed: no second copy
@@ -113,7 +113,7 @@ def test_never_publishes_no_snapshot_rows(pg, broker, cdc_config, daemons) -> No
             extra={"schema_changes": {"resnapshot": "never"}},
         )
     )
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     pg.execute("UPDATE orders SET status = 'x' WHERE id <= 5")
     wait_caught_up(pg, slot)
     assert daemon.terminate() == 0, daemon.log()
@@ -132,7 +132,7 @@ def test_table_without_primary_key_is_snapshotted_with_a_warning(pg, broker, cdc
                "FROM generate_series(1, 25000) g")
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(cdc_config(tables=["public.events"], snapshot={"chunk_rows": 4_000}))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     pg.execute("INSERT INTO events VALUES (now(), 'after', -1)")
     wait_caught_up(pg, slot)
     assert daemon.terminate() == 0, daemon.log()
@@ -150,7 +150,7 @@ def test_slot_that_exists_gets_no_initial_snapshot(pg, broker, cdc_config, daemo
     slot = "cdcd_" + pg.dbname[:50]
     pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     daemon = daemons(cdc_config(tables=["public.orders"]))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     pg.execute("UPDATE orders SET status = 'x' WHERE id = 1")
     wait_caught_up(pg, slot)
     assert daemon.terminate() == 0, daemon.log()
@@ -224,7 +224,7 @@ def test_initial_snapshot_on_a_two_phase_slot(pg, broker, cdc_config, daemons) -
     create_orders(conn, 2_000)
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(cdc_config(tables=["public.orders"], postgres={"protocol_version": 3}))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     assert pg.fetchone("SELECT two_phase FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,))[0] is True
     pg.execute("BEGIN; UPDATE orders SET status = 'prepared' WHERE id = 1; "
@@ -245,7 +245,7 @@ def test_publication_column_list_and_row_filter_apply_to_the_snapshot(
     pg.execute("CREATE PUBLICATION cdcd FOR TABLE orders (id, status, amount) WHERE (id % 10 = 0)")
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(cdc_config(tables=["public.orders"], snapshot={"chunk_rows": 30}))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     pg.execute("UPDATE orders SET status = 'later' WHERE id IN (10, 11)")
     wait_caught_up(pg, slot)
     assert daemon.terminate() == 0, daemon.log()
@@ -278,7 +278,7 @@ def test_a_user_who_cannot_create_the_signal_table(pg, broker, cdc_config, daemo
 
         daemon = daemons(cdc_config(tables=["public.orders"], postgres={"dsn": dsn},
                                     snapshot={"mode": "never"}))
-        wait_streaming(pg, slot)
+        wait_streaming(pg, slot, daemon=daemon)
         pg.execute("UPDATE orders SET status = 'x' WHERE id = 1")
         wait_caught_up(pg, slot)
         assert daemon.terminate() == 0, daemon.log()

@@ -57,7 +57,7 @@ def test_a_keyless_table_is_read_in_block_ranges_each_row_once(pg, broker, cdc_c
     daemon = daemons(
         cdc_config(tables=["public.events"], snapshot={"chunk_rows": 1_000, "parallelism": 3})
     )
-    wait_streaming(pg, slot, timeout_s=600)
+    wait_streaming(pg, slot, timeout_s=600, daemon=daemon)
     mover.finish()
     wait_caught_up(pg, slot)
     assert daemon.terminate() == 0, daemon.log()

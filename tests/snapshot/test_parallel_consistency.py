@@ -104,7 +104,7 @@ def test_parallel_readers_copy_one_point_while_rows_move_between_their_ranges(
             snapshot={"chunk_rows": 500, "parallelism": 3, "processes": processes},
         )
     )
-    wait_streaming(pg, slot, timeout_s=600)
+    wait_streaming(pg, slot, timeout_s=600, daemon=daemon)
     moved_during = mover.moved
     mover.finish()
     writer.finish()

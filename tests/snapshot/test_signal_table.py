@@ -52,7 +52,7 @@ def test_streaming_creates_no_signal_table_and_a_requested_snapshot_still_runs(
     config = cdc_config(tables=["public.orders"], snapshot={"mode": "never", "chunk_rows": 500},
                         extra={"schema_changes": {"resnapshot": "never"}})
     daemon = daemons(config)
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     pg.execute("UPDATE orders SET status = 'x' WHERE id <= 5")
     wait_caught_up(pg, slot)
     assert signal_tables(pg) == 0, "cdcd run with snapshot.mode never created the signal table"
@@ -89,7 +89,7 @@ def test_an_existing_slot_with_mode_initial_creates_no_signal_table(pg, broker, 
     create_slot(conn, slot)
     daemon = daemons(cdc_config(tables=["public.orders"], snapshot={"mode": "initial"},
                                 extra={"schema_changes": {"resnapshot": "never"}}))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     pg.execute("UPDATE orders SET status = 'x' WHERE id = 1")
     wait_caught_up(pg, slot)
     assert daemon.terminate() == 0, daemon.log()

@@ -63,7 +63,7 @@ def test_snapshot_rows_equal_what_pgoutput_sends(pg, broker, cdc_config, daemons
     pg.execute(SCHEMA)
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(cdc_config(tables=["public.kinds"], snapshot={"chunk_rows": 7}))
-    wait_streaming(pg, slot)
+    wait_streaming(pg, slot, daemon=daemon)
     # Rewrite every column with its own value: pgoutput sends the whole new row.
     pg.execute("UPDATE kinds SET t = t, b = b, ta = ta, j = j")
     wait_caught_up(pg, slot)

@@ -7,7 +7,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -119,64 +118,45 @@ def topic_changes(broker_servers: str, prefix: str, table: str = "orders",
                         timeout_s=180, idle_s=3.0)
 
 
-@dataclass
-class Writer:
+class Writer(BackgroundWrites):
     """Concurrent single-row transactions against ``orders``: inserts, updates, deletes."""
 
-    pg: PgDatabase
-    max_id: int
-    seed: int = 1
-    pause_s: float = 0.0
-    table: str = "orders"
-    stop: threading.Event = field(default_factory=threading.Event)
-    counts: dict[str, int] = field(default_factory=lambda: {"c": 0, "u": 0, "d": 0})
-    failure: list[BaseException] = field(default_factory=list)
-    _thread: threading.Thread | None = None
+    def __init__(
+        self, pg: PgDatabase, max_id: int, seed: int = 1, pause_s: float = 0.0, table: str = "orders"
+    ) -> None:
+        super().__init__(pg)
+        self.max_id = max_id
+        self.seed = seed
+        self.pause_s = pause_s
+        self.table = table
+        self.counts = {"c": 0, "u": 0, "d": 0}
 
-    def _run(self) -> None:
-        rng = random.Random(self.seed)
-        conn = self.pg.connect()
+    def write(self, conn: Any) -> None:
         conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                while not self.stop.is_set():
-                    choice = rng.random()
-                    key = rng.randrange(1, self.max_id + 1)
-                    if choice < 0.2:
-                        cur.execute(
-                            f"INSERT INTO {self.table}(customer_id, status, amount, note, flags, "
-                            "payload) VALUES (%s, 'new', %s, 'inserted', true, '{\"w\": 1}')",
-                            (rng.randrange(1000), rng.randrange(100000) / 100),
-                        )
-                        self.counts["c"] += 1
-                    elif choice < 0.75:
-                        cur.execute(
-                            f"UPDATE {self.table} SET status = 'updated', amount = amount + 1, "
-                            "note = %s WHERE id = %s",
-                            (f"u{rng.randrange(10**6)}", key),
-                        )
-                        self.counts["u"] += 1
-                    else:
-                        cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
-                        self.counts["d"] += 1
-                    if self.pause_s:
-                        time.sleep(self.pause_s)
-        except Exception as exc:  # noqa: BLE001 - reported by the test thread
-            self.failure.append(exc)
-        finally:
-            conn.close()
-
-    def start(self) -> Writer:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def finish(self) -> None:
-        self.stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-        if self.failure:
-            raise self.failure[0]
+        rng = random.Random(self.seed)
+        with conn.cursor() as cur:
+            while not self.stop.is_set():
+                choice = rng.random()
+                key = rng.randrange(1, self.max_id + 1)
+                if choice < 0.2:
+                    cur.execute(
+                        f"INSERT INTO {self.table}(customer_id, status, amount, note, flags, "
+                        "payload) VALUES (%s, 'new', %s, 'inserted', true, '{\"w\": 1}')",
+                        (rng.randrange(1000), rng.randrange(100000) / 100),
+                    )
+                    self.counts["c"] += 1
+                elif choice < 0.75:
+                    cur.execute(
+                        f"UPDATE {self.table} SET status = 'updated', amount = amount + 1, "
+                        "note = %s WHERE id = %s",
+                        (f"u{rng.randrange(10**6)}", key),
+                    )
+                    self.counts["u"] += 1
+                else:
+                    cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (key,))
+                    self.counts["d"] += 1
+                if self.pause_s:
+                    time.sleep(self.pause_s)
 
 
 def when(predicate: Callable[[], Any], timeout_s: float = 120, what: str = "") -> Any:

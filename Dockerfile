@@ -22,14 +22,15 @@ RUN groupadd --system --gid 10001 cdcd \
 WORKDIR /src
 # Dependencies ship as wheels (psycopg2-binary, confluent-kafka with its own
 # librdkafka). gcc is only there to compile cdcd's optional C extensions (the
-# hot path, setup.py) and is removed in the same layer; should it not install,
+# hot path, setup.py; librdkafka-dev for the producer's header only: it runs
+# confluent-kafka's own library) and is removed in the same layer; should it not install,
 # the build still succeeds and cdcd runs its pure-Python path.
 COPY pyproject.toml setup.py README.md ./
 COPY cdcd ./cdcd
-RUN { apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+RUN { apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev librdkafka-dev \
       || echo "no C compiler: cdcd runs its pure-Python path"; } \
  && pip install --no-cache-dir . \
- && { apt-get purge -y --auto-remove gcc libc6-dev || true; } \
+ && { apt-get purge -y --auto-remove gcc libc6-dev librdkafka-dev || true; } \
  && rm -rf /var/lib/apt/lists/* /src
 
 WORKDIR /var/lib/cdcd

@@ -618,22 +618,16 @@ class Publisher:
     def _produce_messages(
         self, topic: str, messages: list[Message], ticket: TxnTicket, lsn: Lsn
     ) -> None:
-        """Produce encoded snapshot reads, counted in ``ticket`` already: one call each."""
+        """Produce encoded snapshot reads, counted in ``ticket`` already."""
         on_delivery = ticket.on_delivery
-        produce = self._producer.produce
-        direct: DirectProduce | None = getattr(self._producer, "produce_direct", None)
+        produce_list = getattr(self._producer, "produce_list", None)
         try:
-            if direct is None:
+            if produce_list is not None:
+                produce_list(topic, messages, on_delivery)
+            else:
+                produce = self._producer.produce
                 for key, value, headers in messages:
                     produce(topic, key, value, headers, on_delivery)
-            else:
-                for key, value, headers in messages:
-                    try:
-                        direct(topic, value, key, -1, on_delivery, None, 0, headers)
-                    except DIRECT_PRODUCE_ERRORS:
-                        # A full queue or a refused message: the sink's produce
-                        # waits for space or raises the classified error.
-                        produce(topic, key, value, headers, on_delivery)
         except DefiniteError as exc:
             raise DefiniteError(f"{exc.args[0]} (snapshot at LSN {lsn})", hint=exc.hint) from exc
 

@@ -51,10 +51,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from cdcd.config.secrets import reveal
 from cdcd.errors import CdcdError, ConfigError, DefiniteError, TransientError
+from cdcd.sink.native import producer_factory
 from cdcd.sink.reporter import KAFKA_REPORTER, SASL_CODES, KafkaLogReporter
 
 __all__ = [
@@ -77,7 +78,7 @@ DeliveryCallback = Callable[[Any, Any], None]
 """confluent-kafka ``on_delivery(err, msg)``."""
 
 DirectProduce = Callable[..., None]
-"""confluent-kafka's own ``Producer.produce``, called positionally as
+"""The producer's own ``produce`` (the compiled one's or confluent-kafka's), called positionally as
 ``(topic, value, key, partition, on_delivery, None, timestamp, headers)``
 (see :attr:`KafkaSink.produce_direct`)."""
 
@@ -105,6 +106,8 @@ PRODUCER_DEFAULTS: Mapping[str, str | int | float | bool] = {
 
 _BLOCK_POLL_S = 0.05
 _BLOCK_WARN_S = 10.0
+#: How long :meth:`KafkaSink.close` serves the reports of purged messages.
+_PURGE_REPORTS_WAIT_S = 2.0
 #: Delivery reports of messages :meth:`KafkaSink.close` purged: not a Kafka failure.
 _PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 #: The topic counted for a failed report that comes without its message.
@@ -293,7 +296,12 @@ def classify_delivery_report(err: Any, msg: Any, *, create_topics: bool = False)
 
 
 class KafkaSink:
-    """A ``confluent_kafka.Producer`` with cdcd's backpressure and error handling.
+    """A Kafka producer with cdcd's backpressure and error handling.
+
+    The producer is the compiled one (``cdcd.sink._rdkafka``, see
+    :mod:`cdcd.sink.native`) where it is in use, else a
+    ``confluent_kafka.Producer``; both take the same calls and report
+    through the same callbacks.
 
     Single-threaded like the rest of the pipeline: delivery callbacks run
     inside :meth:`poll`, :meth:`flush` and a blocked :meth:`produce`, on the
@@ -347,7 +355,7 @@ class KafkaSink:
         """How many :meth:`produce` calls had to wait for queue space."""
         self._closed = False
         try:
-            self._producer = Producer(config)
+            self._producer = producer_factory()(config)
         except KafkaException as exc:
             raise ConfigError(
                 f"kafka.producer: {exc.args[0].str() if exc.args else exc}",
@@ -378,7 +386,7 @@ class KafkaSink:
             # Positional (topic, value, key, partition, callback, on_delivery,
             # timestamp, headers): keyword parsing costs 0.4 µs of the 1.4 µs
             # of a produce() call with headers.
-            self._producer.produce(topic, value, key, -1, on_delivery, None, 0, headers)  # type: ignore[arg-type]
+            self._producer.produce(topic, value, key, -1, on_delivery, None, 0, headers)
         except BufferError:
             self._produce_blocking(topic, key, value, headers, on_delivery)
         except KafkaException as exc:
@@ -386,7 +394,7 @@ class KafkaSink:
 
     @property
     def produce_direct(self) -> DirectProduce | None:
-        """confluent-kafka's ``produce`` itself, for the hot path; None while an outage is known.
+        """The producer's ``produce`` itself, for the hot path; None while an outage is known.
 
         It saves the Python frame of :meth:`produce` per message. Whatever it
         raises (:data:`DIRECT_PRODUCE_ERRORS`: a full queue, a refused
@@ -400,6 +408,42 @@ class KafkaSink:
             return None
         produce: DirectProduce = self._producer.produce
         return produce
+
+    def produce_list(
+        self,
+        topic: str,
+        messages: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
+        on_delivery: DeliveryCallback,
+    ) -> None:
+        """Queue every ``(key, value, headers)`` of ``messages`` to ``topic``, in order, as :meth:`produce` does.
+
+        The snapshot's way: a chunk's encoded rows in one call. The compiled
+        producer takes them in C with the GIL released (``produce_many``);
+        confluent-kafka's is called once per message. Whatever either does
+        not take at once (a full queue, a refused message) goes through
+        :meth:`produce`, which waits for space or raises the classified error.
+        """
+        count, done = len(messages), 0
+        many = getattr(self._producer, "produce_many", None)
+        while done < count:
+            direct = self.produce_direct
+            if direct is None:  # an outage is known: produce() watches for its end
+                pass
+            elif many is not None:
+                done = many(topic, messages, on_delivery, done)
+                if done == count:
+                    return
+            else:
+                try:
+                    for key, value, headers in messages[done:] if done else messages:
+                        direct(topic, value, key, -1, on_delivery, None, 0, headers)
+                        done += 1
+                    return
+                except DIRECT_PRODUCE_ERRORS:
+                    pass
+            key, value, headers = messages[done]
+            self.produce(topic, key, value, headers, on_delivery)
+            done += 1
 
     def _watched(self, on_delivery: DeliveryCallback) -> DeliveryCallback:
         """``on_delivery`` that also tells the reporter when Kafka is reachable again.
@@ -524,7 +568,14 @@ class KafkaSink:
                 timeout_s,
             )
             self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-            self._producer.poll(0)
+            # A purged in-flight message is reported once librdkafka's broker
+            # thread lets go of it, a moment after purge() returns: serve
+            # those reports (the tracker must see them), for a bounded time.
+            deadline = time.monotonic() + _PURGE_REPORTS_WAIT_S
+            while True:
+                self._producer.poll(0.01)
+                if not len(self._producer) or time.monotonic() >= deadline:
+                    break
         self._producer.close()
         return remaining
 

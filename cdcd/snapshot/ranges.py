@@ -16,7 +16,8 @@ import psycopg2
 import psycopg2.errors
 
 from cdcd.errors import CdcdError, DefiniteError, TransientError
-from cdcd.snapshot.rows import CopyRowStream, Key, TablePlan, read_copy
+from cdcd.snapshot.copyout import copy_text
+from cdcd.snapshot.rows import Key, TablePlan, read_copy
 from cdcd.snapshot.store import query_error
 
 __all__ = [
@@ -146,9 +147,9 @@ def _read_range(
     aborted: Callable[[], bool],
 ) -> None:
     if not plan.keyed:
-        stream = CopyRowStream(plan, chunk_rows, emit)
-        cursor.copy_expert(f"COPY ({plan.select_sql(cursor, after, upper, None)}) TO STDOUT", stream)
-        stream.close()
+        # One pass, in batches of chunk_rows (emit may block: a bounded
+        # queue, which pauses the COPY and with it the server).
+        copy_text(cursor, plan.select_sql(cursor, after, upper, None), chunk_rows, emit)
         return
     while not aborted():
         chunk = read_copy(cursor, plan, after, upper, chunk_rows)

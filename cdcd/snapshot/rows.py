@@ -54,6 +54,7 @@ from cdcd.envelope.rowcode import Message
 from cdcd.errors import DefiniteError
 from cdcd.naming import SEQ_HEADER
 from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
+from cdcd.snapshot.copyout import copy_text
 from cdcd.source.catalog import relation_from_catalog
 from cdcd.source.connection import quote_ident
 from cdcd.source.database import SourceDatabase
@@ -61,7 +62,6 @@ from cdcd.source.database import SourceDatabase
 __all__ = [
     "Chunk",
     "CopyChunk",
-    "CopyRowStream",
     "encode_reads",
     "encode_reads_python",
     "read_copy",
@@ -561,6 +561,10 @@ class CopyChunk:
     last_key: Key | None
 
 
+#: ``batch_rows`` for one batch whatever the row count.
+ALL_ROWS = 1 << 62
+
+
 def read_copy(
     cursor: Any,
     plan: TablePlan,
@@ -573,59 +577,17 @@ def read_copy(
     Only the last row is parsed here (its key is the next chunk's lower
     bound); the rows themselves go to :func:`encode_reads` as they are.
     """
-    sql = plan.select_sql(cursor, after, upper, limit)
-    buffer = io.BytesIO()
-    cursor.copy_expert(f"COPY ({sql}) TO STDOUT", buffer)
-    data = buffer.getvalue()
+    parts: list[bytes] = []
+    rows = copy_text(
+        cursor, plan.select_sql(cursor, after, upper, limit), ALL_ROWS, lambda data, _: parts.append(data)
+    )
+    data = b"".join(parts) if len(parts) != 1 else parts[0]
     _whole_lines(data, plan.name)
-    rows = data.count(b"\n")
     last: Key | None = None
     if rows and plan.keyed:
         tail = data[data.rfind(b"\n", 0, len(data) - 1) + 1 :]
         last = plan.key_of(parse_copy(tail, len(plan.version.columns), plan.name)[0])
     return CopyChunk(data, rows, last)
-
-
-class CopyRowStream:
-    """A file-like target for ``copy_expert`` that hands over COPY text in batches of rows.
-
-    For one pass over a table without a key (no keyset to cut it into
-    chunks): memory stays at one batch, and ``emit(data, rows)`` may block (a
-    bounded queue), which pauses the COPY and with it the server. ``data`` is
-    whole lines, for :func:`encode_reads`.
-    """
-
-    def __init__(self, plan: TablePlan, batch_rows: int, emit: Callable[[bytes, int], None]) -> None:
-        self._plan = plan
-        self._batch_rows = batch_rows
-        self._emit = emit
-        self._parts: list[bytes] = []
-        self._count = 0
-        self.rows = 0
-
-    def write(self, data: bytes | memoryview) -> int:
-        chunk = bytes(data)
-        self._parts.append(chunk)
-        self._count += chunk.count(b"\n")
-        if self._count >= self._batch_rows:
-            self._flush(final=False)
-        return len(chunk)
-
-    def _flush(self, final: bool) -> None:
-        data = b"".join(self._parts)
-        cut = len(data) if final else data.rfind(b"\n") + 1
-        self._parts = [data[cut:]] if cut < len(data) else []
-        self._count = 0
-        whole = data[:cut]
-        _whole_lines(whole, self._plan.name)
-        rows = whole.count(b"\n")
-        if rows:
-            self.rows += rows
-            self._emit(whole, rows)
-
-    def close(self) -> None:
-        """Hand over what is left after the COPY finished."""
-        self._flush(final=True)
 
 
 def key_text(key: Sequence[str] | None) -> str:

@@ -359,9 +359,7 @@ class _Worker:
             self.send(("seq", rows))
             answer = self.conn.recv()
             messages = encode_reads(encoder, data, stamp, int(answer[1]), lsn_header)
-            produce = sink.produce
-            for key, value, headers in messages:
-                produce(topic, key, value, headers, on_delivery)
+            sink.produce_list(topic, messages, on_delivery)
             sink.poll(0)
             if failures:
                 raise failures[0]

@@ -437,6 +437,16 @@ class TrackerMachine(RuleBasedStateMachine):
             txn.ticket.on_delivery(OK, None)
             txn.ok += 1
 
+    @precondition(lambda self: any(t.unreported for t in self.model.txns))
+    @rule(index=st.integers(0, 1000), count=st.integers(1, 4))
+    def deliver_run(self, index: int, count: int) -> None:
+        """A run of successes as the compiled producer serves it: one on_delivered(count)."""
+        txn = self._pick(index, [t for t in self.model.txns if t.unreported])
+        count = min(count, txn.unreported)
+        txn.unreported -= count
+        txn.ticket.on_delivered(count)
+        txn.ok += count
+
     @rule(gap=st.integers(0, 0x100), stale=st.booleans())
     def idle(self, gap: int, stale: bool) -> None:
         lsn = max(self.lsn - gap, 0) if stale else self._next_lsn(gap)

@@ -47,6 +47,8 @@ from cdcd.envelope.encoder import (
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Column, TupleData
 from cdcd.protocol.native import PURE_ENV, native_status, pure_forced
+from cdcd.sink.native import producer_factory
+from cdcd.snapshot import copyout
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = rowcode.NATIVE
@@ -522,7 +524,7 @@ def test_no_reference_leaks() -> None:
 
 
 def test_compiled_extensions_are_built_and_current() -> None:
-    """Where a C compiler exists, both extensions are built, current and in use.
+    """Where a C compiler exists, the extensions are built, current and in use.
 
     A failure here means the extension did not build (see the output of
     ``pip install -e .``), or was built from an older C source: rebuild it.
@@ -531,10 +533,18 @@ def test_compiled_extensions_are_built_and_current() -> None:
         pytest.skip(f"{PURE_ENV} is set")
     if shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the pure-Python path is expected")
-    assert native_status() == {
+    producer_factory()  # decides the sink's producer: loads cdcd.sink._rdkafka
+    copyout._native()  # loads cdcd.snapshot._copyout
+    expected = {
         "cdcd.protocol._native": "compiled",
         "cdcd.envelope._native": "compiled",
+        "cdcd.sink._rdkafka": "compiled",
+        "cdcd.snapshot._copyout": "compiled",
     }
+    if not Path("/usr/include/librdkafka/rdkafka.h").is_file():
+        # Its build needs librdkafka's header (.ci/setup installs librdkafka-dev).
+        expected["cdcd.sink._rdkafka"] = "pure (not built)"
+    assert native_status() == expected
 
 
 def test_pure_python_is_forced() -> None:
@@ -563,7 +573,9 @@ def test_the_build_succeeds_without_a_compiler(tmp_path: Path) -> None:
     """``pip install`` with no working compiler still installs: the extensions are optional."""
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tmp_path / name)
-    for source in ("cdcd/protocol/_native.c", "cdcd/envelope/_native.c"):
+    sources = ("cdcd/protocol/_native.c", "cdcd/envelope/_native.c", "cdcd/sink/_rdkafka.c",
+               "cdcd/snapshot/_copyout.c")  # fmt: skip
+    for source in sources:
         (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / source, tmp_path / source)
     env = {**os.environ, "CC": "/bin/false", "LDSHARED": "/bin/false"}

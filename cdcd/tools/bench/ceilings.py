@@ -204,6 +204,33 @@ class KafkaClient:
     value_bytes: float
 
 
+#: Messages per transaction of the SPEC §9 load, so per callback object of the ceiling.
+TRANSACTION_MESSAGES = 10
+
+
+class CountingTicket:
+    """Counts delivery reports as ``cdcd.ack.TxnTicket`` does, without the tracker.
+
+    ``on_delivery`` per report (confluent-kafka's producer), ``on_delivered``
+    per run of successes (the compiled one).
+    """
+
+    __slots__ = ("delivered", "failed")
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.failed: list[Any] = []
+
+    def on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.delivered += 1
+        else:
+            self.failed.append(err)
+
+    def on_delivered(self, count: int) -> None:
+        self.delivered += count
+
+
 #: Messages of cdcd's own topic the Kafka-client ceiling sends again, cycled.
 KAFKA_SAMPLE = 2_000
 
@@ -217,7 +244,10 @@ def kafka_client_ceiling(bootstrap: str, sample_topic: str, messages: int) -> Ka
     headers cdcd sets (``cdcd.lsn``, ``cdcd.seq``), through a producer with
     cdcd's configuration (``build_producer_config``: idempotent, ``acks=all``,
     lz4, the same batching) to a new topic with as many partitions, and
-    flushes. Its CPU from the first produce to the end of the flush (every
+    flushes. The producer is the one cdcd's sink builds (the compiled one where
+    it is in use, else confluent-kafka's), with one ticket-like callback per
+    10 messages as cdcd's publisher passes them. Its CPU from the first
+    produce to the end of the flush (every
     message acknowledged), over the messages, is what the Kafka client alone
     costs per row: no envelope, no PostgreSQL, no bookkeeping.
     """
@@ -238,12 +268,13 @@ def kafka_client_worker() -> None:
     """The client of :func:`kafka_client_ceiling`: request on stdin, one JSON line out."""
     import resource
 
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit the re-exports
         AdminClient,
         NewTopic,
     )
 
+    from cdcd.sink.native import producer_factory
     from cdcd.sink.producer import build_producer_config
 
     request = json.loads(sys.stdin.read())
@@ -266,27 +297,29 @@ def kafka_client_worker() -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, len(partitions), 1)]).values():
         future.result(30)
-    producer = Producer(build_producer_config(bootstrap, {}, "cdcd-bench-kafka-ceiling"))
+    # The producer cdcd's sink builds: the compiled one where it is in use.
+    producer = producer_factory()(build_producer_config(bootstrap, {}, "cdcd-bench-kafka-ceiling"))
     lsn = (LSN_HEADER, b"0/1A2B3C4D")
     producer.produce(topic, sample[0][1], sample[0][0], headers=[lsn, (SEQ_HEADER, b"0")])
     producer.flush(30)  # connected, producer id acquired: the measurement is the sending
     total = int(request["messages"])
-    failed: list[Any] = []
-
-    def delivered(err: Any, _msg: Any) -> None:  # cdcd needs every report: so does the ceiling
-        if err is not None:
-            failed.append(err)
+    tickets: list[CountingTicket] = []
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_start = usage.ru_utime + usage.ru_stime
     started = time.monotonic()
     produce, size = producer.produce, len(sample)
+    on_delivery: Any = None
     for i in range(total):
+        if i % TRANSACTION_MESSAGES == 0:
+            # cdcd needs every report, counted per transaction: so does the ceiling.
+            tickets.append(CountingTicket())
+            on_delivery = tickets[-1].on_delivery
         key, value = sample[i % size]
         headers = [lsn, (SEQ_HEADER, b"%d" % i)]
         while True:
             try:
-                produce(topic, value, key, -1, delivered, None, 0, headers)  # type: ignore[arg-type]
+                produce(topic, value, key, -1, on_delivery, None, 0, headers)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -294,8 +327,10 @@ def kafka_client_worker() -> None:
         pass
     elapsed = time.monotonic() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    if failed:
-        raise DefiniteError(f"the Kafka client ceiling lost {len(failed)} messages: {failed[0]}")
+    failed = [err for ticket in tickets for err in ticket.failed]
+    lost = total - sum(ticket.delivered for ticket in tickets)
+    if failed or lost:
+        raise DefiniteError(f"the Kafka client ceiling lost {lost} messages: {failed[:1]}")
     cpu = usage.ru_utime + usage.ru_stime - cpu_start
     keys = sum(len(k or b"") for k, _ in sample) / size
     values = sum(len(v or b"") for _, v in sample) / size

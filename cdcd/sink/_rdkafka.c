@@ -728,18 +728,11 @@ static PyObject *Producer_produce(Producer *self, PyObject *const *args, Py_ssiz
         if (coalesces(self, on_delivery))
             opaque |= COALESCE_BIT;
     }
-    rd_kafka_resp_err_t err;
-    if (hdrs)
-        err = p_rd_kafka_producev(self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                  RD_KAFKA_V_PARTITION(partition), RD_KAFKA_V_KEY(key_data, (size_t)key_len),
-                                  RD_KAFKA_V_VALUE((void *)value_data, (size_t)value_len),
-                                  RD_KAFKA_V_TIMESTAMP(timestamp), RD_KAFKA_V_HEADERS(hdrs),
-                                  RD_KAFKA_V_OPAQUE((void *)opaque), RD_KAFKA_V_END);
-    else
-        err = p_rd_kafka_producev(self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                  RD_KAFKA_V_PARTITION(partition), RD_KAFKA_V_KEY(key_data, (size_t)key_len),
-                                  RD_KAFKA_V_VALUE((void *)value_data, (size_t)value_len),
-                                  RD_KAFKA_V_TIMESTAMP(timestamp), RD_KAFKA_V_OPAQUE((void *)opaque), RD_KAFKA_V_END);
+    /* No headers: a NULL list, which librdkafka takes as none. */
+    rd_kafka_resp_err_t err = p_rd_kafka_producev(
+        self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_PARTITION(partition),
+        RD_KAFKA_V_KEY(key_data, (size_t)key_len), RD_KAFKA_V_VALUE((void *)value_data, (size_t)value_len),
+        RD_KAFKA_V_TIMESTAMP(timestamp), RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE((void *)opaque), RD_KAFKA_V_END);
     if (err) {
         if (hdrs)
             p_rd_kafka_headers_destroy(hdrs); /* not taken on failure */
@@ -859,17 +852,10 @@ static PyObject *Producer_produce_many(Producer *self, PyObject *const *args, Py
         rd_kafka_headers_t *hdrs = m->headers ? p_rd_kafka_headers_new((size_t)m->headers) : NULL;
         for (Py_ssize_t h = m->first_header; h < m->first_header + m->headers; h++)
             p_rd_kafka_header_add(hdrs, headers[h].name, -1, headers[h].value, (size_t)headers[h].value_len);
-        rd_kafka_resp_err_t err;
-        if (hdrs)
-            err = p_rd_kafka_producev(self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                      RD_KAFKA_V_KEY(m->key, (size_t)m->key_len),
-                                      RD_KAFKA_V_VALUE((void *)m->value, (size_t)m->value_len),
-                                      RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE((void *)opaque), RD_KAFKA_V_END);
-        else
-            err = p_rd_kafka_producev(self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                      RD_KAFKA_V_KEY(m->key, (size_t)m->key_len),
-                                      RD_KAFKA_V_VALUE((void *)m->value, (size_t)m->value_len),
-                                      RD_KAFKA_V_OPAQUE((void *)opaque), RD_KAFKA_V_END);
+        rd_kafka_resp_err_t err = p_rd_kafka_producev(
+            self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_KEY(m->key, (size_t)m->key_len), RD_KAFKA_V_VALUE((void *)m->value, (size_t)m->value_len),
+            RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE((void *)opaque), RD_KAFKA_V_END);
         if (err) {
             if (hdrs)
                 p_rd_kafka_headers_destroy(hdrs); /* not taken on failure */

@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import random
-import resource
 import shutil
 import struct
 import subprocess
@@ -56,7 +55,7 @@ from cdcd.protocol.native import native_status
 from cdcd.sink import TopicSpec, ensure_topics
 from cdcd.sink.native import producer_factory
 from cdcd.sink.producer import build_producer_config
-from cdcd.tools.bench.ceilings import TRANSACTION_MESSAGES, CountingTicket
+from cdcd.tools.bench.ceilings import produce_timed
 from cdcd.tools.local.broker import LocalBroker
 from tests.bench.orders_golden import orders_payloads
 
@@ -220,34 +219,8 @@ def python_worker() -> None:
     producer = factory(request["config"])
     producer.produce(topic, b"warm-up")
     producer.flush(30)
-    # One ticket per 10 messages, its callback fetched once: the §9 load's
-    # transactions, as cdcd's publisher produces them.
-    tickets: list[CountingTicket] = []
-    lsn = ("cdcd.lsn", LSN)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_start, started = usage.ru_utime + usage.ru_stime, time.monotonic()
-    produce, size = producer.produce, len(samples)
-    on_delivery: Any = None
-    for i in range(total):
-        if i % TRANSACTION_MESSAGES == 0:
-            tickets.append(CountingTicket())
-            on_delivery = tickets[-1].on_delivery
-        key, value = samples[i % size]
-        headers = [lsn, ("cdcd.seq", b"%d" % i)] if with_headers else None
-        while True:
-            try:
-                produce(topic, value, key, -1, on_delivery, None, 0, headers)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    while producer.flush(1.0):
-        pass
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu, seconds = usage.ru_utime + usage.ru_stime - cpu_start, time.monotonic() - started
-    delivered = sum(t.delivered for t in tickets)
-    failed = [f for t in tickets for f in t.failed]
-    if failed or delivered != total:
-        raise SystemExit(f"delivered {delivered} of {total}; failures: {failed[:3]}")
+    lsn = ("cdcd.lsn", LSN) if with_headers else None
+    seconds, cpu = produce_timed(producer, topic, samples, total, lsn)
     print(json.dumps({"messages": total, "cpu_s": round(cpu, 4), "seconds": round(seconds, 4)}))
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
 import time
 import uuid
@@ -31,6 +29,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from support.kafka import consume_all, create_topic
+from support.native import status_when_pure
 
 from cdcd.ack import AckTracker
 from cdcd.protocol.lsn import Lsn
@@ -327,19 +326,8 @@ def test_configuration_errors_are_confluent_kafkas() -> None:
 
 
 def test_pure_python_is_forced() -> None:
-    code = (
-        "from confluent_kafka import Producer; from cdcd.sink.native import producer_factory; "
-        "from cdcd.protocol.native import native_status; "
-        f"assert producer_factory() is Producer; print(native_status()[{MODULE!r}])"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(os.environ, CDCD_PURE_PYTHON="1"),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "CDCD_PURE_PYTHON" in result.stdout
+    load = "from confluent_kafka import Producer\nfrom cdcd.sink.native import producer_factory\nassert producer_factory() is Producer"
+    assert "CDCD_PURE_PYTHON" in status_when_pure(load, MODULE)
 
 
 @compiled

@@ -12,14 +12,12 @@ and after an ``emit`` that raised mid-COPY).
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 from typing import Any
 
 import psycopg2
 import psycopg2.errors
 import pytest
+from support.native import status_when_pure
 
 from cdcd.protocol.native import native_status
 from cdcd.snapshot import copyout
@@ -155,15 +153,5 @@ def test_a_connection_without_a_transaction_opens_one_as_psycopg2_does(tricky: A
 
 
 def test_pure_python_reads_through_psycopg2() -> None:
-    code = (
-        "from cdcd.snapshot import copyout; from cdcd.protocol.native import native_status; "
-        f"assert copyout._native() is None; print(native_status()[{copyout.MODULE!r}])"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(os.environ, CDCD_PURE_PYTHON="1"),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "CDCD_PURE_PYTHON" in result.stdout
+    load = "from cdcd.snapshot import copyout\nassert copyout._native() is None"
+    assert "CDCD_PURE_PYTHON" in status_when_pure(load, copyout.MODULE)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -231,6 +232,49 @@ class CountingTicket:
         self.delivered += count
 
 
+def produce_timed(
+    producer: Any,
+    topic: str,
+    sample: list[tuple[bytes | None, bytes | None]],
+    total: int,
+    lsn: tuple[str, bytes] | None,
+) -> tuple[float, float]:
+    """Send ``total`` messages of ``sample``, cycled, and wait for every report: (seconds, CPU seconds).
+
+    As cdcd's publisher calls the producer: positionally, one ticket-like
+    callback per :data:`TRANSACTION_MESSAGES` messages fetched once, the
+    ``lsn`` header and a ``cdcd.seq`` header on each (no headers without
+    ``lsn``). Raises when a message was not delivered.
+    """
+    tickets: list[CountingTicket] = []
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_start, started = usage.ru_utime + usage.ru_stime, time.monotonic()
+    produce, size = producer.produce, len(sample)
+    on_delivery: Any = None
+    for i in range(total):
+        if i % TRANSACTION_MESSAGES == 0:
+            # cdcd needs every report, counted per transaction: so does the ceiling.
+            tickets.append(CountingTicket())
+            on_delivery = tickets[-1].on_delivery
+        key, value = sample[i % size]
+        headers = None if lsn is None else [lsn, (SEQ_HEADER, b"%d" % i)]
+        while True:
+            try:
+                produce(topic, value, key, -1, on_delivery, None, 0, headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    while producer.flush(1.0):
+        pass
+    elapsed = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    failed = [err for ticket in tickets for err in ticket.failed]
+    lost = total - sum(ticket.delivered for ticket in tickets)
+    if failed or lost:
+        raise DefiniteError(f"the Kafka client ceiling lost {lost} of {total} messages: {failed[:1]}")
+    return elapsed, usage.ru_utime + usage.ru_stime - cpu_start
+
+
 #: Messages of cdcd's own topic the Kafka-client ceiling sends again, cycled.
 KAFKA_SAMPLE = 2_000
 
@@ -266,8 +310,6 @@ def kafka_client_ceiling(bootstrap: str, sample_topic: str, messages: int) -> Ka
 
 def kafka_client_worker() -> None:
     """The client of :func:`kafka_client_ceiling`: request on stdin, one JSON line out."""
-    import resource
-
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit the re-exports
         AdminClient,
@@ -303,36 +345,8 @@ def kafka_client_worker() -> None:
     producer.produce(topic, sample[0][1], sample[0][0], headers=[lsn, (SEQ_HEADER, b"0")])
     producer.flush(30)  # connected, producer id acquired: the measurement is the sending
     total = int(request["messages"])
-    tickets: list[CountingTicket] = []
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_start = usage.ru_utime + usage.ru_stime
-    started = time.monotonic()
-    produce, size = producer.produce, len(sample)
-    on_delivery: Any = None
-    for i in range(total):
-        if i % TRANSACTION_MESSAGES == 0:
-            # cdcd needs every report, counted per transaction: so does the ceiling.
-            tickets.append(CountingTicket())
-            on_delivery = tickets[-1].on_delivery
-        key, value = sample[i % size]
-        headers = [lsn, (SEQ_HEADER, b"%d" % i)]
-        while True:
-            try:
-                produce(topic, value, key, -1, on_delivery, None, 0, headers)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    while producer.flush(1.0):
-        pass
-    elapsed = time.monotonic() - started
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    failed = [err for ticket in tickets for err in ticket.failed]
-    lost = total - sum(ticket.delivered for ticket in tickets)
-    if failed or lost:
-        raise DefiniteError(f"the Kafka client ceiling lost {lost} messages: {failed[:1]}")
-    cpu = usage.ru_utime + usage.ru_stime - cpu_start
-    keys = sum(len(k or b"") for k, _ in sample) / size
-    values = sum(len(v or b"") for _, v in sample) / size
+    elapsed, cpu = produce_timed(producer, topic, sample, total, lsn)
+    keys = sum(len(k or b"") for k, _ in sample) / len(sample)
+    values = sum(len(v or b"") for _, v in sample) / len(sample)
     print(json.dumps({"seconds": elapsed, "cpu_s": cpu, "messages": total,
                       "key_bytes": keys, "value_bytes": values}), flush=True)

@@ -173,13 +173,12 @@ static void on_delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, vo
     r->offset = msg->offset;
     if (msg->err || !(r->callback & COALESCE_BIT)) {
         r->topic = copy_text(msg->rkt ? p_rd_kafka_topic_name(msg->rkt) : "");
-        if (msg->key) {
-            r->key = copy_bytes(msg->key, msg->key_len);
+        /* Without memory for a copy the report says None: it still counts. */
+        if (msg->key && (r->key = copy_bytes(msg->key, msg->key_len))) {
             r->key_len = msg->key_len;
             r->has_key = 1;
         }
-        if (msg->payload) {
-            r->value = copy_bytes(msg->payload, msg->len);
+        if (msg->payload && (r->value = copy_bytes(msg->payload, msg->len))) {
             r->value_len = msg->len;
             r->has_value = 1;
         }
@@ -246,7 +245,10 @@ static PyObject *make_error(rd_kafka_resp_err_t err, const char *reason, int fat
     PyObject *kwargs = Py_BuildValue("{s:i}", "fatal", fatal);
     if (!kwargs)
         return NULL;
-    PyObject *args = reason ? Py_BuildValue("(is)", (int)err, reason) : Py_BuildValue("(i)", (int)err);
+    /* Text from brokers is not always UTF-8: never let it fail the report. */
+    PyObject *args = reason ? Py_BuildValue("(iN)", (int)err,
+                                            PyUnicode_DecodeUTF8(reason, (Py_ssize_t)strlen(reason), "replace"))
+                            : Py_BuildValue("(i)", (int)err);
     PyObject *error = args ? PyObject_Call(KafkaError_type, args, kwargs) : NULL;
     Py_XDECREF(args);
     Py_DECREF(kwargs);
@@ -275,9 +277,10 @@ static int serve_events(Producer *self, PyObject **et, PyObject **ev, PyObject *
             if (self->logger && self->logger != Py_None) {
                 PyObject *level = PyLong_FromLong(python_level(e->level));
                 PyObject *fmt = PyUnicode_FromString("%s [%s] %s");
-                PyObject *fac = PyUnicode_DecodeUTF8(e->facility, strlen(e->facility), "replace");
+                const char *facility = e->facility ? e->facility : "", *line = e->text ? e->text : "";
+                PyObject *fac = PyUnicode_DecodeUTF8(facility, (Py_ssize_t)strlen(facility), "replace");
                 PyObject *name = PyUnicode_FromString(self->rk ? p_rd_kafka_name(self->rk) : "");
-                PyObject *text = PyUnicode_DecodeUTF8(e->text, strlen(e->text), "replace");
+                PyObject *text = PyUnicode_DecodeUTF8(line, (Py_ssize_t)strlen(line), "replace");
                 if (level && fmt && fac && name && text)
                     result = PyObject_CallMethodObjArgs(self->logger, str_log, level, fmt, fac, name, text, NULL);
                 Py_XDECREF(level);
@@ -300,7 +303,8 @@ static int serve_events(Producer *self, PyObject **et, PyObject **ev, PyObject *
             }
         } else {
             if (self->stats_cb && self->stats_cb != Py_None) {
-                PyObject *json = PyUnicode_DecodeUTF8(e->text, strlen(e->text), "replace");
+                const char *text = e->text ? e->text : "{}";
+                PyObject *json = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
                 if (json) {
                     result = PyObject_CallOneArg(self->stats_cb, json);
                     Py_DECREF(json);

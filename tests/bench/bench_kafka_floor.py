@@ -230,6 +230,7 @@ def main() -> None:
     )
     parser.add_argument("--messages", type=int, default=600_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=PARTITIONS, help="of each topic (cdcd bench's: 6)")
     parser.add_argument(
         "--bootstrap-servers", default=None, help="default: a throwaway bundled broker"
     )
@@ -253,7 +254,7 @@ def main() -> None:
             )
             print(
                 f"# {len(messages)} distinct orders messages, mean key {sum(len(k or b'') for k, _ in messages) / len(messages):.1f} B,"
-                f" value {sum(len(v) for _, v in messages) / len(messages):.1f} B; {args.messages:,} per run; {PARTITIONS} partitions"
+                f" value {sum(len(v) for _, v in messages) / len(messages):.1f} B; {args.messages:,} per run; {args.partitions} partitions"
             )
             print(
                 f"{'producer':<10}{'headers':>8}{'compression':>13}   µs CPU per message (runs)        msgs/s (best)"
@@ -271,7 +272,7 @@ def main() -> None:
                     figures, best_rate = [], 0.0
                     for run in range(args.runs):
                         topic = f"kafka_floor_{kind}_{int(with_headers)}_{compression}_{run}_{time.time_ns()}"
-                        ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS, 1)], 30)
+                        ensure_topics(bootstrap, [TopicSpec(topic, args.partitions, 1)], 30)
                         if kind == "c":
                             data = run_c(binary, config, topic, args.messages, with_headers, file)  # type: ignore[arg-type]
                         else:

@@ -6,6 +6,7 @@ peek on a copy of the slot) and ``COPY … TO STDOUT`` of the loaded table.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -283,7 +284,8 @@ def kafka_client_ceiling(bootstrap: str, sample_topic: str, messages: int) -> Ka
     """A bare idempotent producer sending ``messages`` of cdcd's own messages, in a process alone.
 
     The client (``kafka_client_worker``) reads up to :data:`KAFKA_SAMPLE`
-    messages of ``sample_topic`` (cdcd's, so the same keys, values and
+    messages of ``sample_topic``, as many from each partition (cdcd's, so the
+    same keys, spread over the partitions, values and
     compression ratio), then sends ``messages`` of them, cycled, with the two
     headers cdcd sets (``cdcd.lsn``, ``cdcd.seq``), through a producer with
     cdcd's configuration (``build_producer_config``: idempotent, ``acks=all``,
@@ -326,13 +328,25 @@ def kafka_client_worker() -> None:
     )
     partitions = consumer.list_topics(source, timeout=30).topics[source].partitions
     consumer.assign([TopicPartition(source, p, 0) for p in partitions])
-    sample: list[tuple[bytes | None, bytes | None]] = []
+    # As many from every partition, interleaved: the messages keep their keys,
+    # so they spread over the partitions as cdcd's do. (Taken as they come,
+    # they came from one partition, and one partition's batches are bigger
+    # and cheaper per message: the ceiling was half what cdcd pays.)
+    wanted = max(1, KAFKA_SAMPLE // len(partitions))
+    by_partition: dict[int, list[tuple[bytes | None, bytes | None]]] = {p: [] for p in partitions}
     deadline = time.monotonic() + 60
-    while len(sample) < KAFKA_SAMPLE and time.monotonic() < deadline:
+    while any(len(got) < wanted for got in by_partition.values()) and time.monotonic() < deadline:
         for message in consumer.consume(500, timeout=1.0):
-            if message.error() is None and message.value() is not None:
-                sample.append((message.key(), message.value()))
+            got = by_partition.get(message.partition() or 0, [])
+            if message.error() is None and message.value() is not None and len(got) < wanted:
+                got.append((message.key(), message.value()))
     consumer.close()
+    sample = [
+        message
+        for round_ in itertools.zip_longest(*by_partition.values())
+        for message in round_
+        if message is not None
+    ]
     if not sample:
         raise DefiniteError(f"no messages to sample in {source}")
     topic = f"{source}.kafka_ceiling"

@@ -65,6 +65,7 @@ def producer_factory() -> ProducerFactory:
     global _factory
     if _factory is None:
         _factory = _choose()
+        log.debug("Kafka producer: %s", STATUS.get(MODULE, "confluent-kafka's"))
     return _factory
 
 

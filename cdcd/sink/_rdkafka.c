@@ -94,7 +94,7 @@ static void *rdk_library;
 
 /* Python classes from confluent_kafka, given to load(). */
 static PyObject *KafkaError_type, *KafkaException_type, *Message_type;
-static PyObject *str_on_delivery, *str_on_delivered, *str_log, *str_name, *str_fatal;
+static PyObject *str_on_delivery, *str_on_delivered, *str_log, *str_name;
 
 /* ------------------------------------------------------------------ records */
 
@@ -1080,8 +1080,7 @@ PyMODINIT_FUNC PyInit__rdkafka(void) {
     str_on_delivered = PyUnicode_InternFromString("on_delivered");
     str_log = PyUnicode_InternFromString("log");
     str_name = PyUnicode_InternFromString("__name__");
-    str_fatal = PyUnicode_InternFromString("fatal");
-    if (!str_on_delivery || !str_on_delivered || !str_log || !str_name || !str_fatal)
+    if (!str_on_delivery || !str_on_delivered || !str_log || !str_name)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (!module)

@@ -45,6 +45,7 @@ producer (it restarts from the last confirmed LSN).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -426,24 +427,20 @@ class KafkaSink:
         count, done = len(messages), 0
         many = getattr(self._producer, "produce_many", None)
         while done < count:
-            direct = self.produce_direct
-            if direct is None:  # an outage is known: produce() watches for its end
-                pass
-            elif many is not None:
+            direct = self.produce_direct  # None while an outage is known: produce() watches for its end
+            if direct is not None and many is not None:
                 done = many(topic, messages, on_delivery, done)
-                if done == count:
-                    return
-            else:
-                try:
-                    for key, value, headers in messages[done:] if done else messages:
+            elif direct is not None:
+                for key, value, headers in itertools.islice(messages, done, None):
+                    try:
                         direct(topic, value, key, -1, on_delivery, None, 0, headers)
-                        done += 1
-                    return
-                except DIRECT_PRODUCE_ERRORS:
-                    pass
-            key, value, headers = messages[done]
-            self.produce(topic, key, value, headers, on_delivery)
-            done += 1
+                    except DIRECT_PRODUCE_ERRORS:
+                        break
+                    done += 1
+            if done < count:
+                key, value, headers = messages[done]
+                self.produce(topic, key, value, headers, on_delivery)
+                done += 1
 
     def _watched(self, on_delivery: DeliveryCallback) -> DeliveryCallback:
         """``on_delivery`` that also tells the reporter when Kafka is reachable again.

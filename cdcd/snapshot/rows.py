@@ -581,7 +581,7 @@ def read_copy(
     rows = copy_text(
         cursor, plan.select_sql(cursor, after, upper, limit), ALL_ROWS, lambda data, _: parts.append(data)
     )
-    data = b"".join(parts) if len(parts) != 1 else parts[0]
+    data = b"".join(parts)  # one part, in fact: join returns it as it is
     _whole_lines(data, plan.name)
     last: Key | None = None
     if rows and plan.keyed:

@@ -36,7 +36,9 @@
  * the GIL is released; the records are turned into Python calls after the
  * call returns, with the GIL held. An exception from a callback is raised
  * by the poll/flush that served it, after every record of that call was
- * served (none is dropped or leaked).
+ * served (none is dropped or leaked). close() serves the reports of what it
+ * purges; a producer deallocated without close() calls no Python code (the
+ * cyclic GC may have torn its callbacks' objects down already).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -933,36 +935,64 @@ static PyObject *Producer_purge(Producer *self, PyObject *args, PyObject *kwargs
     Py_RETURN_NONE;
 }
 
-/* Destroy the handle. Reports still owed after a purge and a last poll are
- * not served by librdkafka once destroyed: their callables' references are
- * then kept (a bounded leak) rather than risk a use after free. */
-static void destroy_handle(Producer *self) {
+/* Forget what was recorded without calling Python: the references the reports
+ * hold are released, the copies freed. */
+static void drop_records(Producer *self) {
+    for (size_t i = 0; i < self->n_reports; i++) {
+        report_t *r = &self->reports[i];
+        Py_XDECREF((PyObject *)(r->callback & ~COALESCE_BIT));
+        free(r->topic);
+        free(r->key);
+        free(r->value);
+    }
+    self->n_reports = 0;
+    pthread_mutex_lock(&self->events_lock);
+    for (size_t i = 0; i < self->n_events; i++) {
+        free(self->events[i].facility);
+        free(self->events[i].text);
+    }
+    self->n_events = 0;
+    pthread_mutex_unlock(&self->events_lock);
+}
+
+/* Destroy the handle. With ``serve_python`` (close()), the reports and
+ * events of the purge are served to their callbacks, as confluent-kafka's
+ * close does. Without (deallocation, possibly by the cyclic GC, when the
+ * callbacks' objects may be half torn down), no Python code runs: the
+ * records are dropped. Reports librdkafka still owes once destroyed are
+ * never served: their callables' references are kept (a bounded leak)
+ * rather than risk a use after free. */
+static void destroy_handle(Producer *self, int serve_python) {
     if (!self->rk)
         return;
     rd_kafka_t *rk = self->rk;
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
     Py_BEGIN_ALLOW_THREADS
     p_rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
     p_rd_kafka_poll(rk, 0);
     Py_END_ALLOW_THREADS
-    PyObject *et = NULL, *ev = NULL, *etb = NULL;
-    serve_events(self, &et, &ev, &etb);
-    serve_reports(self, &et, &ev, &etb);
+    if (serve_python) {
+        serve_events(self, &et, &ev, &etb);
+        serve_reports(self, &et, &ev, &etb);
+    }
     destroy_topics(self);
     Py_BEGIN_ALLOW_THREADS
     p_rd_kafka_destroy(rk);
     Py_END_ALLOW_THREADS
     self->rk = NULL;
-    /* Records librdkafka made while shutting down (logs, errors). */
-    serve_events(self, &et, &ev, &etb);
-    serve_reports(self, &et, &ev, &etb);
+    if (serve_python) { /* records librdkafka made while shutting down (logs, errors) */
+        serve_events(self, &et, &ev, &etb);
+        serve_reports(self, &et, &ev, &etb);
+    }
+    drop_records(self);
     if (et) {
         PyErr_Restore(et, ev, etb);
-        PyErr_WriteUnraisable((PyObject *)self);
+        PyErr_WriteUnraisable(NULL); /* never self: it may be in its deallocation */
     }
 }
 
 static PyObject *Producer_close(Producer *self, PyObject *unused) {
-    destroy_handle(self);
+    destroy_handle(self, 1);
     Py_CLEAR(self->error_cb);
     Py_CLEAR(self->stats_cb);
     Py_CLEAR(self->logger);
@@ -997,7 +1027,7 @@ static PyObject *Producer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
 
 static void Producer_dealloc(Producer *self) {
     PyObject_GC_UnTrack(self);
-    destroy_handle(self);
+    destroy_handle(self, 0);
     Producer_clear(self);
     pthread_mutex_destroy(&self->events_lock);
     free(self->reports);

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 import time
 import uuid
@@ -311,6 +312,34 @@ def test_no_reference_to_a_callback_outlives_its_report() -> None:
     _until(lambda: len(recorder.reports) == 500, producer, "the purged reports")
     producer.close()
     assert (sys.getrefcount(bound), sys.getrefcount(function)) == before
+
+
+@compiled
+def test_a_producer_dropped_without_close_calls_no_callback_and_does_not_crash() -> None:
+    # Deallocated (or collected by the cyclic GC, its callbacks' objects half
+    # torn down) with messages queued: their purge reports reach no Python
+    # code. Serving them there once let a raising callback resurrect the
+    # dying producer: a segmentation fault. A process of its own, so a crash
+    # fails this test and not the suite.
+    code = (
+        "from cdcd.sink.native import producer_factory\n"
+        "from cdcd.sink.producer import build_producer_config\n"
+        "from cdcd.tools.local.postgres import free_port\n"
+        "called = []\n"
+        "def raising(err, msg):\n"
+        "    called.append(err)\n"
+        "    raise RuntimeError('a callback that raises')\n"
+        "producer = producer_factory()(build_producer_config(f'127.0.0.1:{free_port()}', {}, 'd'))\n"
+        "for i in range(10):\n"
+        "    producer.produce('t', b'v', b'k', -1, raising)\n"
+        "del producer\n"
+        "print('called', len(called))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "called 0"
 
 
 @compiled

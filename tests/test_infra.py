@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -12,6 +13,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 import pytest
+from support.cdc import STREAMING_SQL, wait_for
 from support.kafka import consume_all, create_topic, produce, topic_names
 from support.pg import (
     PgDatabase,
@@ -156,6 +158,34 @@ def test_pgoutput_two_phase_and_streaming(
     assert {b"S", b"E", b"c"} <= streamed_kinds  # stream start/stop/commit: 64kB forced streaming
     with pytest.raises(psycopg2.errors.FeatureNotSupported):
         read_pgoutput(cluster.dsn(), "st", "pub", proto_version=4)
+
+
+def test_a_slot_being_created_is_active_but_not_streaming(pg: PgDatabase) -> None:
+    """``wait_streaming``'s premise: creating a slot holds it (``active``) while the
+    creation waits for open transactions, with no walsender streaming from it."""
+    blocker = pg.connect()
+    blocker.autocommit = False
+    with blocker.cursor() as cur:
+        cur.execute("CREATE TEMP TABLE held(x int)")  # an xid the creation must wait for
+    failures: list[psycopg2.Error] = []
+
+    def create() -> None:
+        try:
+            pg.execute("SELECT pg_create_logical_replication_slot('being_created', 'pgoutput')")
+        except psycopg2.Error as exc:  # reported by the test thread
+            failures.append(exc)
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    try:
+        wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = "
+                                     "'being_created' AND active"), what="the slot held")
+        assert not pg.fetchall(STREAMING_SQL, ("being_created",))
+    finally:
+        blocker.rollback()
+        creator.join(60)
+    assert not failures, failures
+    drop_slot(pg.connect(), "being_created")
 
 
 def test_make_pg_cluster_replica_and_set_setting(

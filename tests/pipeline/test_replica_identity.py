@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.cdc import read_changes, run_cdcd, wait_for, write_config
+from support.cdc import STREAMING_SQL, read_changes, run_cdcd, wait_for, write_config
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 from cdcd.errors import DefiniteError
@@ -115,7 +115,7 @@ def _wait_streaming(pg, daemon) -> None:
     wait_for(
         lambda: not daemon.alive()
         or pg.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ),
         what="the daemon to stream",
     )

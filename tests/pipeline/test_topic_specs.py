@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from support.cdc import wait_for, wait_wal_confirmed
+from support.cdc import STREAMING_SQL, wait_for, wait_wal_confirmed
 
 from cdcd.config.model import KafkaConfig
 from cdcd.naming import message_topic, schemas_topic, transaction_topic
@@ -48,7 +48,7 @@ def test_tables_named_like_auxiliary_topics_get_kafka_partitions(
     slot = "cdcd_" + pg.dbname[:50]
     wait_for(
         lambda: pg.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ),
         what="streaming",
     )

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from support.cdc import read_changes, wait_for, wait_wal_confirmed
+from support.cdc import read_changes, wait_for, wait_streaming, wait_wal_confirmed
 from support.kafka import consume_all
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
@@ -32,8 +32,9 @@ def test_prepared_transactions_publish_once_at_commit_prepared(pg, broker, cdc_c
     conn.cursor().execute("CREATE TABLE t(id int PRIMARY KEY, v text)")
     daemon = daemons(cdc_config(tables=["public.t"], postgres={"protocol_version": 3}))
     slot = "cdcd_" + pg.dbname[:50]
-    wait_for(lambda: pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active "
-                                 "AND two_phase", (slot,)), what="two-phase slot streaming")
+    wait_streaming(pg, slot, daemon)
+    assert pg.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND two_phase",
+                       (slot,)), "the slot is not a two-phase slot"
     topic = f"{pg.dbname}.public.t"
 
     cur = pg.connect().cursor()  # autocommit: BEGIN/PREPARE are sent as plain statements

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support.cdc import DaemonProcess, wait_for
+from support.cdc import STREAMING_SQL, DaemonProcess, wait_for
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 
@@ -38,7 +38,7 @@ def start_capture(
     wait_for(
         lambda: not daemon.alive()
         or pg.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ),
         what="the daemon to start streaming",
     )

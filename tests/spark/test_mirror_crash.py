@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, DaemonProcess, wait_for
+from support.cdc import PROJECT_ROOT, STREAMING_SQL, DaemonProcess, wait_for
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 pytest.importorskip("pyspark")
@@ -132,7 +132,7 @@ class _Source:
         daemons(self.config)
         wait_for(
             lambda: pg.fetchall(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (self.slot,)
+                STREAMING_SQL, (self.slot,)
             ),
             what="the daemon to start streaming",
         )

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from support.cdc import DaemonProcess, read_changes, wait_for
+from support.cdc import STREAMING_SQL, DaemonProcess, read_changes, wait_for
 from support.kafka import consume_all
 from support.pg import (
     PgDatabase,
@@ -250,7 +250,7 @@ def test_mirror_once_equals_every_table(
     daemon = start()
     wait_for(
         lambda: pg.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ),
         what="the daemon to start streaming",
     )

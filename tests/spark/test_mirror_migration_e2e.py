@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import DaemonProcess, wait_for
+from support.cdc import STREAMING_SQL, DaemonProcess, wait_for
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -65,7 +65,7 @@ def test_mirror_follows_a_fast_default_and_a_rename(
     daemon = daemons(config)
     wait_for(
         lambda: pg.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ),
         what="the daemon to start streaming",
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import DaemonProcess, wait_for
+from support.cdc import STREAMING_SQL, DaemonProcess, wait_for
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 from spark.alltypes import KEYS, TypesWorkload, differences
@@ -115,7 +115,7 @@ def test_streaming_mirror_converges_after_writes_stop(
     daemon = daemons(config)
     wait_for(
         lambda: pg.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ),
         what="the daemon to start streaming",
     )

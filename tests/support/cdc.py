@@ -298,19 +298,29 @@ def wait_for(predicate: Any, timeout_s: float = 60.0, interval_s: float = 0.2, w
         time.sleep(interval_s)
 
 
+#: A walsender streams from the slot (START_REPLICATION ran). ``active`` alone
+#: is not that: the backend that creates a slot holds it while it waits for a
+#: consistent point, and a test that took that for streaming wrote rows and
+#: DDL while the daemon was still starting (the schema-change baseline then
+#: read a catalog already past them, and a rename healed).
+STREAMING_SQL = (
+    "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid "
+    "WHERE s.slot_name = %s AND r.state IN ('catchup', 'streaming')"
+)
+
+
 def wait_streaming(
     db: Any, slot: str, daemon: DaemonProcess | None = None, timeout_s: float = 60.0
 ) -> None:
     """Until a walsender streams from ``slot``; an AssertionError with the end of its log if
     ``daemon`` exits first. ``db``: anything with ``execute(query, params)`` (a
-    ``PgDatabase``, a ``LocalPostgres``) on the slot's server."""
+    ``PgDatabase``, a ``LocalPostgres``) on the slot's server, as a superuser."""
 
     def streaming() -> bool:
         if daemon is not None and not daemon.alive():
             raise AssertionError(f"the daemon exited ({daemon.proc.returncode}) before "
                                  f"streaming:\n{daemon.log()[-3000:]}")
-        return bool(db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
-                               "AND active", (slot,)))
+        return bool(db.execute(STREAMING_SQL, (slot,)))
 
     wait_for(streaming, timeout_s=timeout_s, interval_s=0.1, what=f"the daemon to stream from {slot}")
 

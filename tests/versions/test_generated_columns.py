@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from filters.helpers import assert_same, expected_rows, read_topics, replayed, row_fields
-from support.cdc import wait_for
+from support.cdc import STREAMING_SQL, wait_for
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,7 @@ def _run(vdb, vconfig, daemons, publish: bool, owned: bool, prefix: str) -> None
     def streaming() -> bool:
         assert daemon.alive(), daemon.log()[-3000:]
         return bool(vdb.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ))
 
     wait_for(streaming, timeout_s=120, interval_s=0.1, what="the daemon to stream")

@@ -32,7 +32,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from support.cdc import read_changes, replay, run_cdcd, wait_for, wait_wal_confirmed
+from support.cdc import STREAMING_SQL, read_changes, replay, run_cdcd, wait_for, wait_wal_confirmed
 from support.workload import ABORTED, KEYS, UNDONE, Workload, table_rows
 
 from cdcd.tools.local.postgres import free_port
@@ -143,7 +143,7 @@ def test_every_version_streams_snapshots_and_survives_kill9(
     daemon = daemons(config)
     wait_for(
         lambda: vdb.fetchall(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+            STREAMING_SQL, (slot,)
         ),
         what="the daemon to stream",
     )

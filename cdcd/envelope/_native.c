@@ -22,7 +22,8 @@
  * hands a line it does not take on (an escaped value, a field count that
  * does not match, anything the row encoding hands back) to Python, which
  * parses that line and encodes it with the reference (tests/snapshot/
- * test_copy_reads.py).
+ * test_copy_reads.py). Its output is packed, no Python object per row (see
+ * codec_copy_reads).
  *
  * Column kinds (the Python side maps each converter to one):
  *   0 OTHER        the Python converter, always
@@ -964,54 +965,75 @@ static int copy_read(RowCodec *self, Buffer *value, Buffer *key, const char **at
     return OK;
 }
 
-/* One produced message: (key or None, value, [lsn_header, (seq_name, b"<seq>")]). */
-static PyObject *copy_message(PyObject *pair, PyObject *lsn_header, PyObject *seq_name,
-                              long long seq) {
-    char digits[24];
-    int length = snprintf(digits, sizeof(digits), "%lld", seq);
-    PyObject *number = PyBytes_FromStringAndSize(digits, length);
-    if (number == NULL) {
-        return NULL;
-    }
-    PyObject *seq_header = PyTuple_Pack(2, seq_name, number);
-    Py_DECREF(number);
-    if (seq_header == NULL) {
-        return NULL;
-    }
-    PyObject *headers = PyList_New(2);
-    if (headers == NULL) {
-        Py_DECREF(seq_header);
-        return NULL;
-    }
-    Py_INCREF(lsn_header);
-    PyList_SET_ITEM(headers, 0, lsn_header);
-    PyList_SET_ITEM(headers, 1, seq_header);
-    PyObject *message = PyTuple_Pack(3, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1),
-                                     headers);
-    Py_DECREF(headers);
-    /* Strings, bytes and a list only this message holds: no cycle can pass
-     * through them, and a chunk makes tens of thousands of each, which the
-     * cyclic collector would otherwise scan again and again. */
-    PyObject_GC_UnTrack(seq_header);
-    PyObject_GC_UnTrack(headers);
-    if (message != NULL) {
-        PyObject_GC_UnTrack(message);
-    }
-    return message;
+static PyObject *bytes_of(Buffer *b);
+
+/* A bytes object written in place: the packed reads of a chunk are megabytes,
+ * and building them in a buffer first would cost a second allocation (fresh
+ * pages) and a copy per chunk. */
+typedef struct {
+    PyObject *bytes; /* NULL after a failure */
+    Py_ssize_t size;
+} BytesBuilder;
+
+static int builder_init(BytesBuilder *b, Py_ssize_t capacity) {
+    b->size = 0;
+    b->bytes = PyBytes_FromStringAndSize(NULL, capacity > 0 ? capacity : 1);
+    return b->bytes != NULL ? OK : FAIL;
 }
 
-/* copy_reads(data, op, stamp, seq, lsn_header, seq_name, slow) -> list of
- * (key or None, value, headers): every line of `data` (COPY text output, whole
- * lines) as a snapshot read with ordinals seq, seq + 1, ...; a line it does
- * not take on goes to slow(line, seq) -> (key, value), the Python reference. */
-static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "copy_reads() takes data, op, stamp, seq, lsn_header, seq_name, slow");
+static int builder_put(BytesBuilder *b, const char *p, Py_ssize_t n) {
+    Py_ssize_t capacity = PyBytes_GET_SIZE(b->bytes);
+    if (b->size + n > capacity) {
+        Py_ssize_t want = capacity * 2 > b->size + n ? capacity * 2 : b->size + n;
+        if (_PyBytes_Resize(&b->bytes, want) < 0) {
+            return FAIL; /* b->bytes is NULL now */
+        }
+    }
+    memcpy(PyBytes_AS_STRING(b->bytes) + b->size, p, (size_t)n);
+    b->size += n;
+    return OK;
+}
+
+/* The bytes written, trimmed; the builder is empty after. */
+static PyObject *builder_finish(BytesBuilder *b) {
+    if (_PyBytes_Resize(&b->bytes, b->size) < 0) {
         return NULL;
     }
-    PyObject *data = args[0], *op = args[1], *stamp = args[2], *lsn_header = args[4];
-    PyObject *seq_name = args[5], *slow = args[6];
+    PyObject *out = b->bytes;
+    b->bytes = NULL;
+    return out;
+}
+
+/* Appends one read to the packed output: its key (none: length -1) and value
+ * bytes to `blob`, their two lengths (native int32) to `index`. */
+static int pack_read(BytesBuilder *blob, Buffer *index, const char *key, Py_ssize_t key_len,
+                     const char *value, Py_ssize_t value_len) {
+    if (key_len > INT32_MAX || value_len > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "copy_reads(): a message over 2 GiB");
+        return FAIL;
+    }
+    int32_t lengths[2] = {key ? (int32_t)key_len : -1, (int32_t)value_len};
+    if ((key && builder_put(blob, key, key_len) != OK) || builder_put(blob, value, value_len) != OK ||
+        buffer_put(index, (const char *)lengths, sizeof(lengths)) < 0) {
+        return FAIL;
+    }
+    return OK;
+}
+
+/* copy_reads(data, op, stamp, seq, slow) -> (blob, index): every line of
+ * `data` (COPY text output, whole lines) as a snapshot read with ordinals
+ * seq, seq + 1, ...; a line it does not take on goes to slow(line, seq) ->
+ * (key, value), the Python reference. The reads come packed, no Python
+ * object per row: `blob` holds each read's key (if any) then value, `index`
+ * two native int32 per read, the key's length (-1: no key) and the value's
+ * (cdcd.envelope.rowcode.PackedReads reads them; the compiled producer
+ * produces straight from them). */
+static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "copy_reads() takes data, op, stamp, seq, slow");
+        return NULL;
+    }
+    PyObject *data = args[0], *op = args[1], *stamp = args[2], *slow = args[4];
     if (!PyBytes_CheckExact(data) || !PyBytes_CheckExact(op) || !PyTuple_Check(stamp) ||
         PyTuple_GET_SIZE(stamp) < 8 || !PyLong_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "copy_reads(): bad argument types");
@@ -1039,13 +1061,20 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
     const char **at = PyMem_Malloc(sizeof(char *) * (size_t)columns);
     Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)columns);
     unsigned char *nulls = PyMem_Malloc((size_t)columns);
-    PyObject *out = PyList_New(0);
-    Buffer value, key;
+    PyObject *out = NULL;
+    Buffer value, key, index;
+    BytesBuilder blob = {NULL, 0};
     buffer_init(&value);
     buffer_init(&key);
-    if (at == NULL || size == NULL || nulls == NULL || out == NULL) {
+    buffer_init(&index);
+    if (at == NULL || size == NULL || nulls == NULL) {
         PyErr_NoMemory();
-        goto error;
+        goto done;
+    }
+    /* An envelope is about as long as its COPY line plus the source block:
+     * room for most chunks at once. */
+    if (builder_init(&blob, n * 2) != OK) {
+        goto done;
     }
     for (Py_ssize_t pos = 0; pos < n; seq++) {
         const char *line = p + pos;
@@ -1056,69 +1085,66 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
         if (r == OK) {
             r = copy_read(self, &value, &key, at, size, nulls, op, stamp_parts, seq);
         }
-        PyObject *pair = NULL;
         if (r == OK) {
-            PyObject *k = self->key_count ? PyBytes_FromStringAndSize(key.data, key.size) : Py_None;
-            if (self->key_count == 0) {
-                Py_INCREF(k);
+            if (pack_read(&blob, &index, self->key_count ? key.data : NULL, key.size, value.data,
+                          value.size) != OK) {
+                goto done;
             }
-            PyObject *v = k != NULL ? PyBytes_FromStringAndSize(value.data, value.size) : NULL;
-            pair = v != NULL ? PyTuple_Pack(2, k, v) : NULL;
-            Py_XDECREF(k);
-            Py_XDECREF(v);
-        } else {
-            if (r == FAIL) {
-                if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                    goto error; /* KeyboardInterrupt, SystemExit: not the data's fault */
-                }
-                PyErr_Clear(); /* Python redoes the row and raises with its context */
-            }
-            PyObject *text = PyBytes_FromStringAndSize(line, len);
-            PyObject *number = text != NULL ? PyLong_FromLongLong(seq) : NULL;
-            if (number != NULL) {
-                pair = PyObject_CallFunctionObjArgs(slow, text, number, NULL);
-            }
-            Py_XDECREF(text);
-            Py_XDECREF(number);
-            if (pair != NULL && (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)) {
-                Py_DECREF(pair);
-                PyErr_SetString(PyExc_TypeError, "copy_reads(): slow() must return (key, value)");
-                pair = NULL;
-            }
+            continue;
         }
+        if (r == FAIL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                goto done; /* KeyboardInterrupt, SystemExit: not the data's fault */
+            }
+            PyErr_Clear(); /* Python redoes the row and raises with its context */
+        }
+        PyObject *text = PyBytes_FromStringAndSize(line, len);
+        PyObject *number = text != NULL ? PyLong_FromLongLong(seq) : NULL;
+        PyObject *pair = number != NULL ? PyObject_CallFunctionObjArgs(slow, text, number, NULL)
+                                        : NULL;
+        Py_XDECREF(text);
+        Py_XDECREF(number);
         if (pair == NULL) {
-            goto error;
+            goto done;
         }
-        PyObject *message = copy_message(pair, lsn_header, seq_name, seq);
+        PyObject *k = PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2
+                          ? PyTuple_GET_ITEM(pair, 0) : NULL;
+        PyObject *v = k != NULL ? PyTuple_GET_ITEM(pair, 1) : NULL;
+        if (k == NULL || !PyBytes_CheckExact(v) || (k != Py_None && !PyBytes_CheckExact(k))) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_TypeError, "copy_reads(): slow() must return (key, value)");
+            goto done;
+        }
+        r = pack_read(&blob, &index, k == Py_None ? NULL : PyBytes_AS_STRING(k),
+                      k == Py_None ? 0 : PyBytes_GET_SIZE(k), PyBytes_AS_STRING(v),
+                      PyBytes_GET_SIZE(v));
         Py_DECREF(pair);
-        if (message == NULL || PyList_Append(out, message) < 0) {
-            Py_XDECREF(message);
-            goto error;
+        if (r != OK) {
+            goto done;
         }
-        Py_DECREF(message);
     }
+    PyObject *packed = builder_finish(&blob);
+    PyObject *lengths = packed != NULL ? bytes_of(&index) : NULL;
+    out = lengths != NULL ? PyTuple_Pack(2, packed, lengths) : NULL;
+    Py_XDECREF(packed);
+    Py_XDECREF(lengths);
+
+done:
+    Py_XDECREF(blob.bytes);
     buffer_free(&value);
     buffer_free(&key);
+    buffer_free(&index);
     PyMem_Free(at);
     PyMem_Free(size);
     PyMem_Free(nulls);
     return out;
-
-error:
-    buffer_free(&value);
-    buffer_free(&key);
-    PyMem_Free(at);
-    PyMem_Free(size);
-    PyMem_Free(nulls);
-    Py_XDECREF(out);
-    return NULL;
 }
 
 static PyMethodDef codec_methods[] = {
     {"change", (PyCFunction)(void (*)(void))codec_change, METH_FASTCALL,
      "change(op, before, after, stamp, seq) -> (key or None, value), as TableEncoder.change"},
     {"copy_reads", (PyCFunction)(void (*)(void))codec_copy_reads, METH_FASTCALL,
-     "copy_reads(data, op, stamp, seq, lsn_header, seq_name, slow) -> [(key, value, headers)]"},
+     "copy_reads(data, op, stamp, seq, slow) -> (blob, index): the reads packed"},
     {NULL, NULL, 0, NULL},
 };
 

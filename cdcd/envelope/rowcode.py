@@ -22,8 +22,10 @@ byte-identical (tests/envelope/test_native.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+import itertools
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast, overload
 
 from cdcd.avro.binary import (
     FALSE,
@@ -234,10 +236,86 @@ ChangeEncoder = Callable[..., tuple[bytes | None, bytes]]
 
 #: A message as ``produce`` takes it: key (None: no key), value, headers.
 Message = tuple[bytes | None, bytes, list[tuple[str, bytes]]]
-CopyReads = Callable[..., list[Message]]
-"""``copy_reads(data, op, stamp, seq, lsn_header, seq_name, slow) -> messages``: every line
-of COPY text output as a snapshot read, ``slow(line, seq) -> (key, value)`` for the
-lines the C code leaves to Python (``cdcd.snapshot.rows.encode_reads``)."""
+CopyReads = Callable[..., tuple[bytes, bytes]]
+"""``copy_reads(data, op, stamp, seq, slow) -> (blob, index)``: every line of COPY text output
+as a snapshot read, packed (:class:`PackedReads`), ``slow(line, seq) -> (key, value)`` for
+the lines the C code leaves to Python (``cdcd.snapshot.rows.encode_reads``)."""
+
+_LENGTHS = struct.Struct("=ii")
+
+
+class PackedReads(Sequence[Message]):
+    """Snapshot reads as the compiled encoder packs them: no Python object per row.
+
+    ``blob`` holds each read's key (when it has one) and then its value;
+    ``index`` two native int32 per read, the key's length (-1: no key) and
+    the value's. Read ``i`` carries the headers ``lsn_header`` and
+    (``seq_name``, ``seq + i`` in decimal). The compiled producer sends them
+    straight from the two buffers (``produce_packed``, through
+    :attr:`packed`); anything else sees a sequence of :data:`Message`, made
+    on demand.
+    """
+
+    __slots__ = ("_blob", "_index", "_seq", "_lsn_header", "_seq_name", "_starts")
+
+    def __init__(
+        self, blob: bytes, index: bytes, seq: int, lsn_header: tuple[str, bytes], seq_name: str
+    ) -> None:
+        self._blob, self._index, self._seq = blob, index, seq
+        self._lsn_header, self._seq_name = lsn_header, seq_name
+        self._starts: list[int] | None = None
+
+    @property
+    def packed(self) -> tuple[bytes, bytes, int, str, bytes, str]:
+        """``produce_packed``'s arguments after the topic."""
+        name, value = self._lsn_header
+        return self._blob, self._index, self._seq, name, value, self._seq_name
+
+    def __len__(self) -> int:
+        return len(self._index) // _LENGTHS.size
+
+    def _message(self, i: int, start: int, key_len: int, value_len: int) -> Message:
+        blob = self._blob
+        key = None if key_len < 0 else blob[start : start + key_len]
+        at = start + max(key_len, 0)
+        headers = [self._lsn_header, (self._seq_name, b"%d" % (self._seq + i))]
+        return key, blob[at : at + value_len], headers
+
+    def __iter__(self) -> Iterator[Message]:
+        start = 0
+        for i, (key_len, value_len) in enumerate(_LENGTHS.iter_unpack(self._index)):
+            yield self._message(i, start, key_len, value_len)
+            start += max(key_len, 0) + value_len
+
+    @overload
+    def __getitem__(self, i: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Message]: ...
+
+    def __getitem__(self, i: int | slice) -> Message | list[Message]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        count = len(self)
+        if i < 0:
+            i += count
+        if not 0 <= i < count:
+            raise IndexError("read index out of range")
+        if self._starts is None:
+            # Where each read starts: computed once, for the few reads taken one by one.
+            ends = itertools.accumulate(max(k, 0) + v for k, v in _LENGTHS.iter_unpack(self._index))
+            self._starts = [0, *ends]
+        return self._message(i, self._starts[i], *_LENGTHS.unpack_from(self._index, i * _LENGTHS.size))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedReads | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedReads({len(self)} reads from seq {self._seq})"
 
 
 def native_column(convert: Converter) -> tuple[int, int, int]:

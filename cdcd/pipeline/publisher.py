@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from cdcd.ack.tracker import AckTracker, Hold, TxnTicket
@@ -600,7 +600,7 @@ class Publisher:
         since = self.begun - begun
         return list(itertools.islice(self._recent_xids, 0, max(0, len(self._recent_xids) - since)))
 
-    def snapshot_messages(self, topic: str, messages: list[Message], lsn: Lsn) -> TxnTicket:
+    def snapshot_messages(self, topic: str, messages: Sequence[Message], lsn: Lsn) -> TxnTicket:
         """Produce encoded initial-snapshot reads in a ticket of their own, sealed at ``lsn``.
 
         ``messages`` come from ``cdcd.snapshot.rows.encode_reads`` (key,
@@ -616,7 +616,7 @@ class Publisher:
         return ticket
 
     def _produce_messages(
-        self, topic: str, messages: list[Message], ticket: TxnTicket, lsn: Lsn
+        self, topic: str, messages: Sequence[Message], ticket: TxnTicket, lsn: Lsn
     ) -> None:
         """Produce encoded snapshot reads, counted in ``ticket`` already."""
         on_delivery = ticket.on_delivery

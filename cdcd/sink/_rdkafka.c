@@ -882,6 +882,118 @@ invalid:
     return NULL;
 }
 
+/* Formats a non-negative ordinal in decimal into `out` (room for 20 digits); returns its length. */
+static size_t decimal(char *out, long long value) {
+    char digits[24];
+    size_t n = 0;
+    do {
+        digits[n++] = (char)('0' + value % 10);
+        value /= 10;
+    } while (value > 0);
+    for (size_t i = 0; i < n; i++)
+        out[i] = digits[n - 1 - i];
+    return n;
+}
+
+/* produce_packed(topic, blob, index, seq, lsn_name, lsn_value, seq_name, on_delivery, start=0)
+ *   -> the index of the first message not produced.
+ *
+ * The snapshot's reads as cdcd.envelope._native's copy_reads packs them (see
+ * cdcd.envelope.rowcode.PackedReads): read i is blob's next key (index[2i]
+ * bytes; -1: none) and value (index[2i+1] bytes), with the headers
+ * (lsn_name, lsn_value) and (seq_name, decimal seq + i). No Python object
+ * per message: it runs with the GIL released from start to the first
+ * message librdkafka does not take, and returns that one's index, as
+ * produce_many does (the caller hands it to produce()). */
+static PyObject *Producer_produce_packed(Producer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 8 || nargs > 9 || !PyUnicode_Check(args[0]) || !PyBytes_CheckExact(args[1]) ||
+        !PyBytes_CheckExact(args[2]) || !PyUnicode_Check(args[4]) || !PyBytes_Check(args[5]) ||
+        !PyUnicode_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "produce_packed(topic, blob: bytes, index: bytes, seq, lsn_name: str, "
+                                         "lsn_value: bytes, seq_name: str, on_delivery, start=0)");
+        return NULL;
+    }
+    if (producer_closed(self))
+        return NULL;
+    const char *blob = PyBytes_AS_STRING(args[1]);
+    Py_ssize_t blob_len = PyBytes_GET_SIZE(args[1]);
+    Py_ssize_t index_len = PyBytes_GET_SIZE(args[2]);
+    if (index_len % (Py_ssize_t)(2 * sizeof(int32_t))) {
+        PyErr_SetString(PyExc_ValueError, "produce_packed(): the index is not whole (key, value) lengths");
+        return NULL;
+    }
+    Py_ssize_t n = index_len / (Py_ssize_t)(2 * sizeof(int32_t));
+    long long seq = PyLong_AsLongLong(args[3]);
+    if (seq == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t start = nargs == 9 ? PyLong_AsSsize_t(args[8]) : 0;
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    if (seq < 0 || start < 0 || start > n) {
+        PyErr_SetString(PyExc_ValueError, "produce_packed(): a negative seq, or start out of range");
+        return NULL;
+    }
+    Py_ssize_t lsn_name_len, seq_name_len;
+    const char *lsn_name = PyUnicode_AsUTF8AndSize(args[4], &lsn_name_len);
+    const char *seq_name = lsn_name ? PyUnicode_AsUTF8AndSize(args[6], &seq_name_len) : NULL;
+    if (!seq_name)
+        return NULL;
+    const char *lsn_value = PyBytes_AS_STRING(args[5]);
+    size_t lsn_value_len = (size_t)PyBytes_GET_SIZE(args[5]);
+    /* Checked whole before anything is produced: a bad index is refused, not half sent. */
+    const int32_t *lengths = (const int32_t *)(const void *)PyBytes_AS_STRING(args[2]);
+    Py_ssize_t offset = 0, first = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t key_len = lengths[2 * i], value_len = lengths[2 * i + 1];
+        if (i == start)
+            first = offset;
+        if (key_len < -1 || value_len < 0 || offset + (key_len > 0 ? key_len : 0) + value_len > blob_len) {
+            PyErr_SetString(PyExc_ValueError, "produce_packed(): the index does not fit the blob");
+            return NULL;
+        }
+        offset += (key_len > 0 ? key_len : 0) + value_len;
+    }
+    if (start == n)
+        return PyLong_FromSsize_t(n);
+    rd_kafka_topic_t *rkt = topic_handle(self, args[0]);
+    if (!rkt)
+        return NULL;
+    PyObject *on_delivery = args[7] == Py_None ? NULL : args[7];
+    Py_ssize_t count = n - start;
+    uintptr_t opaque = 0;
+    if (on_delivery) {
+        opaque = (uintptr_t)on_delivery | (coalesces(self, on_delivery) ? COALESCE_BIT : 0);
+        for (Py_ssize_t i = 0; i < count; i++)
+            Py_INCREF(on_delivery); /* one reference per message, as produce() takes */
+    }
+    Py_ssize_t produced = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const char *at = blob + first;
+    char number[24];
+    for (; produced < count; produced++) {
+        int32_t key_len = lengths[2 * (start + produced)], value_len = lengths[2 * (start + produced) + 1];
+        const char *key = key_len >= 0 ? at : NULL;
+        const char *value = at + (key_len > 0 ? key_len : 0);
+        rd_kafka_headers_t *hdrs = p_rd_kafka_headers_new(2);
+        p_rd_kafka_header_add(hdrs, lsn_name, lsn_name_len, lsn_value, lsn_value_len);
+        p_rd_kafka_header_add(hdrs, seq_name, seq_name_len, number, decimal(number, seq + start + produced));
+        rd_kafka_resp_err_t err = p_rd_kafka_producev(
+            self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_KEY(key, key ? (size_t)key_len : 0), RD_KAFKA_V_VALUE((void *)value, (size_t)value_len),
+            RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE((void *)opaque), RD_KAFKA_V_END);
+        if (err) {
+            p_rd_kafka_headers_destroy(hdrs); /* not taken on failure */
+            break;
+        }
+        at = value + value_len;
+    }
+    Py_END_ALLOW_THREADS
+    if (on_delivery)
+        for (Py_ssize_t i = produced; i < count; i++)
+            Py_DECREF(on_delivery); /* not produced: the caller produces them again */
+    return PyLong_FromSsize_t(start + produced);
+}
+
 static int timeout_ms(double seconds) {
     if (seconds < 0)
         return -1; /* wait forever, like confluent-kafka */
@@ -1040,6 +1152,9 @@ static PyMethodDef Producer_methods[] = {
      "produce(topic, value=None, key=None, partition=-1, on_delivery=None, callback=None, timestamp=0, headers=None)"},
     {"produce_many", (PyCFunction)(void (*)(void))Producer_produce_many, METH_FASTCALL,
      "produce_many(topic, messages, on_delivery, start=0) -> index of the first message not produced"},
+    {"produce_packed", (PyCFunction)(void (*)(void))Producer_produce_packed, METH_FASTCALL,
+     "produce_packed(topic, blob, index, seq, lsn_name, lsn_value, seq_name, on_delivery, start=0) -> "
+     "index of the first message not produced"},
     {"poll", (PyCFunction)(void (*)(void))Producer_poll, METH_VARARGS | METH_KEYWORDS,
      "poll(timeout=-1): serve delivery reports, errors, logs and statistics; the number served"},
     {"flush", (PyCFunction)(void (*)(void))Producer_flush, METH_VARARGS | METH_KEYWORDS,

@@ -49,7 +49,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException
@@ -413,23 +413,32 @@ class KafkaSink:
     def produce_list(
         self,
         topic: str,
-        messages: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
+        messages: Sequence[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
         on_delivery: DeliveryCallback,
     ) -> None:
         """Queue every ``(key, value, headers)`` of ``messages`` to ``topic``, in order, as :meth:`produce` does.
 
         The snapshot's way: a chunk's encoded rows in one call. The compiled
-        producer takes them in C with the GIL released (``produce_many``);
-        confluent-kafka's is called once per message. Whatever either does
-        not take at once (a full queue, a refused message) goes through
-        :meth:`produce`, which waits for space or raises the classified error.
+        producer takes them in C with the GIL released: straight from the
+        buffers of packed reads (``produce_packed``; ``messages`` has a
+        ``packed`` attribute, see ``cdcd.envelope.rowcode.PackedReads``), or
+        from a list (``produce_many``). confluent-kafka's is called once per
+        message. Whatever is not taken at once (a full queue, a refused
+        message) goes through :meth:`produce`, which waits for space or
+        raises the classified error.
         """
         count, done = len(messages), 0
-        many = getattr(self._producer, "produce_many", None)
+        packed = getattr(messages, "packed", None)
+        batch = (
+            getattr(self._producer, "produce_packed", None) if packed
+            else getattr(self._producer, "produce_many", None) if isinstance(messages, list)
+            else None
+        )  # fmt: skip
+        arguments = packed if packed else (messages,)
         while done < count:
             direct = self.produce_direct  # None while an outage is known: produce() watches for its end
-            if direct is not None and many is not None:
-                done = many(topic, messages, on_delivery, done)
+            if direct is not None and batch is not None:
+                done = batch(topic, *arguments, on_delivery, done)
             elif direct is not None:
                 for key, value, headers in itertools.islice(messages, done, None):
                     try:

@@ -96,7 +96,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,7 +265,7 @@ class _Range:
 @dataclass(frozen=True)
 class _Rows:
     table: _Table
-    messages: list[Message]  # encoded on the reader thread
+    messages: Sequence[Message]  # encoded on the reader thread
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ points from the pipeline down to snapshot only, like the publisher's own
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from cdcd.ack.tracker import TxnTicket
@@ -33,7 +33,7 @@ class SnapshotPublisher(Protocol):
         """The encoder of a snapshot table version (creates its topic); None if not captured."""
         ...
 
-    def snapshot_messages(self, topic: str, messages: list[Message], lsn: Lsn) -> TxnTicket:
+    def snapshot_messages(self, topic: str, messages: Sequence[Message], lsn: Lsn) -> TxnTicket:
         """Produce encoded initial-snapshot reads (``rows.encode_reads``) in a ticket sealed at ``lsn``."""
         ...
 

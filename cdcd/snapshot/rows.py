@@ -50,7 +50,7 @@ import psycopg2.extensions
 
 from cdcd.decode.relations import RelationCache, TableVersion
 from cdcd.envelope.encoder import OP_READ, TableEncoder, TxnStamp
-from cdcd.envelope.rowcode import Message
+from cdcd.envelope.rowcode import Message, PackedReads
 from cdcd.errors import DefiniteError
 from cdcd.naming import SEQ_HEADER
 from cdcd.protocol.messages import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
@@ -476,15 +476,17 @@ def _whole_lines(data: bytes, table: str) -> None:
 
 def encode_reads(
     encoder: TableEncoder, data: bytes, stamp: TxnStamp, seq: int, lsn_header: tuple[str, bytes]
-) -> list[Message]:
+) -> Sequence[Message]:
     """Every row of ``data`` (COPY text output) as a snapshot read (``op=r``), ready to produce.
 
     Message ``i`` is the row's key, its envelope and the headers ``lsn_header``
     and ``cdcd.seq`` = ``seq + i``. The compiled encoder reads the COPY text
-    itself, one call per chunk, with no Python object per field; a row it
-    does not take on (escaped values, a value its parsers leave to a Python
-    converter that refuses it, a null where none may be) goes to the
-    reference below, row by row, so the bytes and errors are the same.
+    itself, one call per chunk, with no Python object per field or per row
+    (:class:`~cdcd.envelope.rowcode.PackedReads`, which the compiled producer
+    sends as it is); a row it does not take on (escaped values, a value its
+    parsers leave to a Python converter that refuses it, a null where none
+    may be) goes to the reference below, row by row, so the bytes and errors
+    are the same.
     """
     native = encoder.copy_reads
     if native is None:
@@ -498,7 +500,8 @@ def encode_reads(
         (row,) = parse_copy(line + b"\n", columns, table)
         return change(OP_READ, None, row, stamp, seq)
 
-    return native(data, OP_READ, stamp, seq, lsn_header, SEQ_HEADER, slow)
+    blob, index = native(data, OP_READ, stamp, seq, slow)
+    return PackedReads(blob, index, seq, lsn_header, SEQ_HEADER)
 
 
 def encode_reads_python(

@@ -1,6 +1,8 @@
 """What one Kafka message costs the producing process: confluent-kafka against librdkafka alone.
 
-Run: ``.venv/bin/python -m tests.bench.bench_kafka_floor [--messages 600000] [--runs 3]``.
+Run: ``.venv/bin/python -m tests.bench.bench_kafka_floor [--messages 600000] [--runs 3]
+[--partitions 6] [--producers confluent,compiled,c] [--set linger.ms=100 ...]``
+(``--set``: a producer property over cdcd's configuration, repeatable).
 
 Three producers send the same messages: SPEC §9 ``orders`` rows as cdcd
 encodes them (the captured ``orders`` relation, rows varied as the §9 load's,
@@ -234,6 +236,13 @@ def main() -> None:
     parser.add_argument(
         "--bootstrap-servers", default=None, help="default: a throwaway bundled broker"
     )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE",
+        help="a producer property over cdcd's (repeatable), e.g. linger.ms=100",
+    )
+    parser.add_argument(
+        "--producers", default="confluent,compiled,c", help="which to run (comma-separated)"
+    )
     parser.add_argument("--python-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.python_worker:
@@ -248,23 +257,25 @@ def main() -> None:
         broker = None if args.bootstrap_servers else LocalBroker.start()
         try:
             bootstrap = args.bootstrap_servers or broker.bootstrap_servers  # type: ignore[union-attr]
-            base = build_producer_config(bootstrap, {}, "cdcd-kafka-floor")
+            overrides = dict(item.split("=", 1) for item in args.set)
+            base = build_producer_config(bootstrap, overrides, "cdcd-kafka-floor")
             print(
                 f"# {os.uname().nodename}: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
             )
             print(
                 f"# {len(messages)} distinct orders messages, mean key {sum(len(k or b'') for k, _ in messages) / len(messages):.1f} B,"
                 f" value {sum(len(v) for _, v in messages) / len(messages):.1f} B; {args.messages:,} per run; {args.partitions} partitions"
+                + "".join(f"; {item}" for item in args.set)
             )
             print(
                 f"{'producer':<10}{'headers':>8}{'compression':>13}   µs CPU per message (runs)        msgs/s (best)"
             )
             variants = [(True, "lz4"), (False, "lz4"), (True, "none")]
-            kinds = ["confluent", "compiled", "c"]
-            if producer_factory() is Producer:
+            kinds = [k for k in ("confluent", "compiled", "c") if k in args.producers.split(",")]
+            if producer_factory() is Producer and "compiled" in kinds:
                 print(f"# the compiled producer is not in use: {native_status()}")
                 kinds.remove("compiled")
-            if binary is None:
+            if binary is None and "c" in kinds:
                 kinds.remove("c")
             for kind in kinds:
                 for with_headers, compression in variants:

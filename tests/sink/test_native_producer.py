@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from support.kafka import consume_all, create_topic
 from support.native import status_when_pure
 
 from cdcd.ack import AckTracker
+from cdcd.envelope.rowcode import PackedReads
 from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.native import native_status
 from cdcd.sink import KafkaSink, build_producer_config
@@ -76,6 +78,20 @@ def _until(
         producer.poll(0.1)
 
 
+LSN_HEADER = ("cdcd.lsn", b"0/16B3748")
+
+
+def _pack(messages: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]], seq: int) -> PackedReads:
+    """``messages`` (from :func:`_messages`, ``cdcd.seq`` from ``seq`` on) packed as copy_reads packs them."""
+    blob = b"".join((key or b"") + value for key, value, _ in messages)
+    index = b"".join(
+        struct.pack("=ii", -1 if key is None else len(key), len(value)) for key, value, _ in messages
+    )
+    packed = PackedReads(blob, index, seq, LSN_HEADER, "cdcd.seq")
+    assert packed == messages  # the test's own premise
+    return packed
+
+
 def _messages(count: int) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]:
     out = []
     for i in range(count):
@@ -84,7 +100,7 @@ def _messages(count: int) -> list[tuple[bytes | None, bytes, list[tuple[str, byt
             (
                 key,
                 b"value-%d-" % i + b"x" * (i % 50),
-                [("cdcd.lsn", b"0/16B3748"), ("cdcd.seq", b"%d" % i)],
+                [LSN_HEADER, ("cdcd.seq", b"%d" % i)],
             )
         )
     return out
@@ -107,11 +123,13 @@ def test_same_partitions_keys_values_and_headers_as_confluent_kafka(broker: Loca
             if err is not None:
                 failures.append(err)
 
-        half = len(messages) // 2
-        for key, value, headers in messages[: half if name == "native" else None]:
+        third = len(messages) // 3
+        for key, value, headers in messages[: third if name == "native" else None]:
             producer.produce(topic, value, key, -1, on_delivery, None, 0, headers)
-        if name == "native":  # the rest in one batch call
-            assert producer.produce_many(topic, messages, on_delivery, half) == len(messages)
+        if name == "native":  # the rest in two batch calls: a list, then packed reads
+            assert producer.produce_many(topic, messages[: 2 * third], on_delivery, third) == 2 * third
+            packed = _pack(messages[2 * third :], 2 * third)
+            assert producer.produce_packed(topic, *packed.packed, on_delivery, 0) == len(packed)
         assert producer.flush(30) == 0
         assert failures == []
         producer.close()
@@ -378,10 +396,35 @@ def test_produce_many_stops_where_the_queue_is_full_and_keeps_no_reference() -> 
     assert sys.getrefcount(bound) == before
 
 
+@compiled
+def test_produce_packed_stops_where_the_queue_is_full_and_refuses_a_bad_index() -> None:
+    producer = FACTORY(_config(f"127.0.0.1:{free_port()}", **{"queue.buffering.max.messages": 5}))
+    recorder = Recorder()
+    messages = _messages(8)
+    blob, index, seq, lsn_name, lsn_value, seq_name = _pack(messages, 0).packed
+    bound = recorder.on_delivery
+    before = sys.getrefcount(bound)
+    assert producer.produce_packed("t", blob, index, seq, lsn_name, lsn_value, seq_name, bound, 0) == 5
+    assert producer.produce_packed("t", blob, index, seq, lsn_name, lsn_value, seq_name, bound, 5) == 5
+    assert sys.getrefcount(bound) == before + 5
+    with pytest.raises(ValueError, match="does not fit"):
+        producer.produce_packed("t", blob[:-1], index, seq, lsn_name, lsn_value, seq_name, bound, 5)
+    with pytest.raises(ValueError, match="whole"):
+        producer.produce_packed("t", blob, index[:-1], seq, lsn_name, lsn_value, seq_name, bound, 5)
+    with pytest.raises(ValueError, match="out of range"):
+        producer.produce_packed("t", blob, index, seq, lsn_name, lsn_value, seq_name, bound, 9)
+    producer.close()
+    # The first five, purged by close(): their reports carry key and value.
+    reports = sorted(((m.key(), m.value()) for _, m in recorder.reports), key=repr)
+    assert reports == sorted(((k, v) for k, v, _ in messages[:5]), key=repr)
+    assert sys.getrefcount(bound) == before
+
+
 @integration
+@pytest.mark.parametrize("packed", [False, True], ids=["list", "packed"])
 @pytest.mark.parametrize("native", [True, False], ids=["compiled", "confluent"])
 def test_produce_list_delivers_every_message_in_order_through_a_full_queue(
-    broker: LocalBroker, native: bool, monkeypatch: pytest.MonkeyPatch
+    broker: LocalBroker, native: bool, packed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if native and FACTORY is Producer:
         pytest.skip(f"compiled producer not in use: {native_status()}")
@@ -394,7 +437,7 @@ def test_produce_list_delivers_every_message_in_order_through_a_full_queue(
     ticket = tracker.open()
     messages = _messages(2_000)
     ticket.add(len(messages))
-    sink.produce_list(topic, messages, ticket.on_delivery)
+    sink.produce_list(topic, _pack(messages, 0) if packed else messages, ticket.on_delivery)
     ticket.seal(Lsn(10))
     assert sink.flush(30) == 0
     assert tracker.confirmed == Lsn(10) and tracker.failure is None

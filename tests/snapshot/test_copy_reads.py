@@ -30,6 +30,7 @@ from cdcd.decode.relations import TableVersion
 from cdcd.decode.types import StaticCatalog
 from cdcd.decode.values import column_codec
 from cdcd.envelope.encoder import OP_READ, TableEncoder, make_stamp
+from cdcd.envelope.rowcode import PackedReads
 from cdcd.errors import DefiniteError
 from cdcd.naming import LSN_HEADER, SEQ_HEADER
 from cdcd.protocol.lsn import Lsn
@@ -114,9 +115,16 @@ def test_compiled_copy_reads_equal_the_pure_ones(data: st.DataObject) -> None:
     encoder, _, text, stamp, seq = _reads(data)
     assert encoder.copy_reads is not None  # the compiled one
     header = (LSN_HEADER, stamp.lsn_header)
-    assert _outcome(encode_reads, encoder, text, stamp, seq, header) == _outcome(
-        encode_reads_python, encoder, text, stamp, seq, header
-    )
+    compiled = _outcome(encode_reads, encoder, text, stamp, seq, header)
+    assert compiled == _outcome(encode_reads_python, encoder, text, stamp, seq, header)
+    if compiled[0] == "ok":
+        packed = compiled[1]
+        assert isinstance(packed, PackedReads)  # no Python object per row
+        # Taken one by one (the producer's fallback), as iterated, from either end.
+        assert [packed[i] for i in range(len(packed))] == list(packed)
+        assert [packed[-i] for i in range(1, len(packed) + 1)] == list(packed)[::-1]
+        with pytest.raises(IndexError):
+            packed[len(packed)]
 
 
 @SETTINGS
@@ -160,7 +168,7 @@ def test_plain_copy_rows_never_leave_the_compiled_path(data: st.DataObject) -> N
         calls.append(line)
         raise AssertionError("left to Python")
 
-    encoder.copy_reads(b"".join(lines), OP_READ, stamp, 0, (LSN_HEADER, b""), SEQ_HEADER, slow)
+    encoder.copy_reads(b"".join(lines), OP_READ, stamp, 0, slow)
     assert calls == []
 
 

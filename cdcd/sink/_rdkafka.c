@@ -77,7 +77,6 @@
     X(rd_kafka_poll)                                                                                \
     X(rd_kafka_flush)                                                                               \
     X(rd_kafka_purge)                                                                               \
-    X(rd_kafka_outq_len)                                                                            \
     X(rd_kafka_headers_new)                                                                         \
     X(rd_kafka_header_add)                                                                          \
     X(rd_kafka_headers_destroy)                                                                     \
@@ -143,7 +142,17 @@ typedef struct {
     /* The last function checked for coalescing, and the answer. */
     PyObject *checked_function;
     int checked_coalesces;
+    /* Messages librdkafka took and has not reported yet: len() and flush().
+     * rd_kafka_outq_len also counts logs and errors waiting to be served,
+     * which made len() jump with a broker's connection errors. Atomic: any
+     * thread may ask while another produces or polls. */
+    long unreported;
 } Producer;
+
+static void count_produced(Producer *self, long count) {
+    if (count)
+        __atomic_add_fetch(&self->unreported, count, __ATOMIC_RELAXED);
+}
 
 static char *copy_bytes(const void *data, size_t len) {
     char *out = malloc(len + 1);
@@ -168,6 +177,7 @@ static void on_delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, vo
         self->cap_reports = cap;
     }
     report_t *r = &self->reports[self->n_reports++];
+    __atomic_sub_fetch(&self->unreported, 1, __ATOMIC_RELAXED);
     memset(r, 0, sizeof *r);
     r->callback = (uintptr_t)msg->_private;
     r->err = msg->err;
@@ -760,6 +770,7 @@ static PyObject *Producer_produce(Producer *self, PyObject *const *args, Py_ssiz
         }
         return raise_kafka(err, NULL);
     }
+    count_produced(self, 1);
     Py_RETURN_NONE;
 }
 
@@ -869,6 +880,7 @@ static PyObject *Producer_produce_many(Producer *self, PyObject *const *args, Py
         }
     }
     Py_END_ALLOW_THREADS
+    count_produced(self, (long)produced);
     PyMem_Free(batch);
     PyMem_Free(headers);
     if (on_delivery)
@@ -988,6 +1000,7 @@ static PyObject *Producer_produce_packed(Producer *self, PyObject *const *args, 
         at = value + value_len;
     }
     Py_END_ALLOW_THREADS
+    count_produced(self, (long)produced);
     if (on_delivery)
         for (Py_ssize_t i = produced; i < count; i++)
             Py_DECREF(on_delivery); /* not produced: the caller produces them again */
@@ -1027,7 +1040,7 @@ static PyObject *Producer_flush(Producer *self, PyObject *args, PyObject *kwargs
     Py_END_ALLOW_THREADS
     if (serve(self) < 0)
         return NULL;
-    return PyLong_FromLong(p_rd_kafka_outq_len(self->rk));
+    return PyLong_FromLong(__atomic_load_n(&self->unreported, __ATOMIC_RELAXED));
 }
 
 static PyObject *Producer_purge(Producer *self, PyObject *args, PyObject *kwargs) {
@@ -1112,7 +1125,10 @@ static PyObject *Producer_close(Producer *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static Py_ssize_t Producer_len(Producer *self) { return self->rk ? p_rd_kafka_outq_len(self->rk) : 0; }
+/* Messages not reported yet (confluent-kafka's len() also counts unserved logs and errors). */
+static Py_ssize_t Producer_len(Producer *self) {
+    return self->rk ? (Py_ssize_t)__atomic_load_n(&self->unreported, __ATOMIC_RELAXED) : 0;
+}
 
 static int Producer_traverse(Producer *self, visitproc visit, void *arg) {
     Py_VISIT(self->error_cb);

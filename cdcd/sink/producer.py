@@ -552,7 +552,11 @@ class KafkaSink:
         return remaining
 
     def __len__(self) -> int:
-        """Messages queued or in flight, not yet reported."""
+        """Messages queued or in flight, not yet reported.
+
+        Exact with the compiled producer; confluent-kafka's also counts the
+        logs and errors it has not served yet.
+        """
         return len(self._producer)
 
     def close(self, timeout_s: float) -> int:

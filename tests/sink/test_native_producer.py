@@ -420,6 +420,34 @@ def test_produce_packed_stops_where_the_queue_is_full_and_refuses_a_bad_index() 
     assert sys.getrefcount(bound) == before
 
 
+@compiled
+def test_len_counts_unreported_messages_not_waiting_logs_and_errors() -> None:
+    """confluent-kafka's len() is librdkafka's outq_len: messages, and also logs and
+    errors not served yet. The compiled producer's counts the messages only."""
+    port = free_port()  # nothing listens: every connection attempt logs and errors
+    made = []
+    for factory in (Producer, FACTORY):
+        config = _config(f"127.0.0.1:{port}", error_cb=lambda err: None,
+                         logger=logging.getLogger("test-native-len"))
+        producer = factory(config)
+        producer.produce("t", b"v", b"k")
+        made.append(producer)
+    reference, native = made
+    # The premise: events are waiting (reference counts them), for both producers.
+    deadline = time.monotonic() + 30
+    while len(reference) <= 1:
+        assert time.monotonic() < deadline, "no log or error event came"
+        time.sleep(0.05)
+    assert len(native) == 1
+    assert native.flush(0) == 1
+    native.purge()
+    assert native.flush(5) == 0 and len(native) == 0  # the purge's report, served
+    for producer in made:
+        producer.purge()
+        producer.flush(5)
+    native.close()
+
+
 @integration
 @pytest.mark.parametrize("packed", [False, True], ids=["list", "packed"])
 @pytest.mark.parametrize("native", [True, False], ids=["compiled", "confluent"])

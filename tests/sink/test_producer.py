@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 from support.fault_sink import FaultSink, java_murmur2, java_partition
 from support.kafka import consume_all
@@ -51,6 +51,7 @@ from cdcd.sink import (
     ensure_topics,
     topic_spec,
 )
+from cdcd.sink.native import producer_factory
 from cdcd.sink.producer import PRODUCER_DEFAULTS, classify_delivery_report
 from cdcd.tools.local import LocalBroker
 from cdcd.tools.local.postgres import free_port
@@ -136,15 +137,19 @@ def test_blocked_produce_can_be_stopped() -> None:
         checks.append(time.monotonic())
         return len(checks) >= 3
 
+    # One message waits. confluent-kafka's count also takes in the logs and
+    # errors of the refused connections not served yet; the compiled producer's is exact.
+    exact = producer_factory() is not Producer
     sink = KafkaSink(config, should_stop=should_stop)
     try:
         sink.produce("t", b"k", b"v", [], lambda e, m: None)
         with pytest.raises(TransientError, match="stopped while waiting"):
             sink.produce("t", b"k", b"v", [], lambda e, m: None)
         assert sink.blocked_count == 1 and sink.blocked_s > 0
-        assert len(sink) == 1
+        assert len(sink) == 1 if exact else len(sink) >= 1
     finally:
-        assert sink.close(0) == 1
+        remaining = sink.close(0)
+        assert remaining == 1 if exact else remaining >= 1
 
 
 @pytest.mark.parametrize(

@@ -774,6 +774,23 @@ static PyObject *Producer_produce(Producer *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* The opaque of a batch's messages, with one reference to on_delivery per message (as produce() takes). */
+static uintptr_t batch_opaque(Producer *self, PyObject *on_delivery, Py_ssize_t count) {
+    if (!on_delivery)
+        return 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        Py_INCREF(on_delivery);
+    return (uintptr_t)on_delivery | (coalesces(self, on_delivery) ? COALESCE_BIT : 0);
+}
+
+/* After a batch: `produced` of `count` taken; the others' references go (the caller produces them again). */
+static void batch_done(Producer *self, PyObject *on_delivery, Py_ssize_t produced, Py_ssize_t count) {
+    count_produced(self, (long)produced);
+    if (on_delivery)
+        for (Py_ssize_t i = produced; i < count; i++)
+            Py_DECREF(on_delivery);
+}
+
 /* One message of produce_many's list, as pointers into the Python objects it holds. */
 typedef struct {
     const char *key, *value;
@@ -856,12 +873,7 @@ static PyObject *Producer_produce_many(Producer *self, PyObject *const *args, Py
             headers[at].value_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1));
         }
     }
-    uintptr_t opaque = 0;
-    if (on_delivery) {
-        opaque = (uintptr_t)on_delivery | (coalesces(self, on_delivery) ? COALESCE_BIT : 0);
-        for (Py_ssize_t i = 0; i < count; i++)
-            Py_INCREF(on_delivery); /* one reference per message, as produce() takes */
-    }
+    uintptr_t opaque = batch_opaque(self, on_delivery, count);
     Py_ssize_t produced = 0;
     Py_BEGIN_ALLOW_THREADS
     for (; produced < count; produced++) {
@@ -880,12 +892,9 @@ static PyObject *Producer_produce_many(Producer *self, PyObject *const *args, Py
         }
     }
     Py_END_ALLOW_THREADS
-    count_produced(self, (long)produced);
+    batch_done(self, on_delivery, produced, count);
     PyMem_Free(batch);
     PyMem_Free(headers);
-    if (on_delivery)
-        for (Py_ssize_t i = produced; i < count; i++)
-            Py_DECREF(on_delivery); /* not produced: the caller produces them again */
     return PyLong_FromSsize_t(start + produced);
 
 invalid:
@@ -972,12 +981,7 @@ static PyObject *Producer_produce_packed(Producer *self, PyObject *const *args, 
         return NULL;
     PyObject *on_delivery = args[7] == Py_None ? NULL : args[7];
     Py_ssize_t count = n - start;
-    uintptr_t opaque = 0;
-    if (on_delivery) {
-        opaque = (uintptr_t)on_delivery | (coalesces(self, on_delivery) ? COALESCE_BIT : 0);
-        for (Py_ssize_t i = 0; i < count; i++)
-            Py_INCREF(on_delivery); /* one reference per message, as produce() takes */
-    }
+    uintptr_t opaque = batch_opaque(self, on_delivery, count);
     Py_ssize_t produced = 0;
     Py_BEGIN_ALLOW_THREADS
     const char *at = blob + first;
@@ -1000,10 +1004,7 @@ static PyObject *Producer_produce_packed(Producer *self, PyObject *const *args, 
         at = value + value_len;
     }
     Py_END_ALLOW_THREADS
-    count_produced(self, (long)produced);
-    if (on_delivery)
-        for (Py_ssize_t i = produced; i < count; i++)
-            Py_DECREF(on_delivery); /* not produced: the caller produces them again */
+    batch_done(self, on_delivery, produced, count);
     return PyLong_FromSsize_t(start + produced);
 }
 

@@ -39,7 +39,6 @@ to the columns themselves, not to a text rendering of them.
 from __future__ import annotations
 
 import codecs
-import io
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -60,7 +59,6 @@ from cdcd.source.connection import quote_ident
 from cdcd.source.database import SourceDatabase
 
 __all__ = [
-    "Chunk",
     "CopyChunk",
     "encode_reads",
     "encode_reads_python",
@@ -72,7 +70,6 @@ __all__ = [
     "published_units",
     "plan_table",
     "published_relation",
-    "read_chunk",
     "split_points",
     "block_split_points",
 ]
@@ -529,30 +526,6 @@ def _unescape(fields: list[bytes], all_text: bytes) -> TupleData:
         else:
             values.append(field)
     return TupleData(bytes(kinds), tuple(values))
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """Rows of one chunk in key order, and the key of the last one (None: no rows)."""
-
-    rows: list[TupleData]
-    last_key: Key | None
-
-
-def read_chunk(
-    cursor: Any,
-    plan: TablePlan,
-    after: Key | None,
-    upper: Key | None,
-    limit: int | None,
-) -> Chunk:
-    """One keyset chunk (or, without a key, the whole table) through COPY."""
-    sql = plan.select_sql(cursor, after, upper, limit)
-    buffer = io.BytesIO()
-    cursor.copy_expert(f"COPY ({sql}) TO STDOUT", buffer)
-    rows = parse_copy(buffer.getvalue(), len(plan.version.columns), plan.name)
-    last = plan.key_of(rows[-1]) if rows and plan.keyed else None
-    return Chunk(rows, last)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ import pytest
 import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from support.cdc import STREAMING_SQL, DaemonProcess, run_cdcd, wait_for
+from support.cdc import DaemonProcess, run_cdcd, wait_streaming
 
 from cdcd.config.dsn import DsnSyntaxError, parse_keyword_dsn, redact_dsn_message
 from cdcd.config.model import CdcdConfig, expand_dsn, load_config, parse_config, redact_dsn
@@ -403,9 +403,7 @@ def test_check_and_run_authenticate_with_the_password_and_never_print_it(
         # run: the startup configuration line, streaming, and a clean stop print nothing of it.
         daemon = DaemonProcess(config, tmp_path / f"run{index}.log", env={VAR: PASSWORD})
         try:
-            wait_for(lambda index=index: cluster.execute(
-                STREAMING_SQL,
-                (f"secrets{index}",)), what="streaming")
+            wait_streaming(cluster, f"secrets{index}", daemon)
             assert daemon.terminate() == 0, daemon.log()
         finally:
             if daemon.alive():

@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.cdc import STREAMING_SQL, read_changes, run_cdcd, wait_for, write_config
+from support.cdc import read_changes, run_cdcd, wait_for, wait_streaming, write_config
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 from cdcd.errors import DefiniteError
@@ -112,14 +112,7 @@ def _application_writes(pg, table: str) -> tuple[int, int]:
 
 def _wait_streaming(pg, daemon) -> None:
     slot = "cdcd_" + pg.dbname[:50]
-    wait_for(
-        lambda: not daemon.alive()
-        or pg.fetchall(
-            STREAMING_SQL, (slot,)
-        ),
-        what="the daemon to stream",
-    )
-    assert daemon.alive(), daemon.log()
+    wait_streaming(pg, slot, daemon)
 
 
 def _wait_delivered(pg, daemon) -> None:

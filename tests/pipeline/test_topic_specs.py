@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from support.cdc import STREAMING_SQL, wait_for, wait_wal_confirmed
+from support.cdc import wait_streaming, wait_wal_confirmed
 
 from cdcd.config.model import KafkaConfig
 from cdcd.naming import message_topic, schemas_topic, transaction_topic
@@ -46,12 +46,7 @@ def test_tables_named_like_auxiliary_topics_get_kafka_partitions(
         )
     )
     slot = "cdcd_" + pg.dbname[:50]
-    wait_for(
-        lambda: pg.fetchall(
-            STREAMING_SQL, (slot,)
-        ),
-        what="streaming",
-    )
+    wait_streaming(pg, slot, daemon)
     cur = conn.cursor()
     cur.execute('INSERT INTO "transaction" VALUES (1); INSERT INTO message VALUES (1)')
     cur.execute("SELECT pg_logical_emit_message(false, 'app', 'x')")

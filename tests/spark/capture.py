@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support.cdc import STREAMING_SQL, DaemonProcess, wait_for
+from support.cdc import DaemonProcess, wait_for, wait_streaming
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 
@@ -35,12 +35,5 @@ def start_capture(
     conn.autocommit = True
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(config)
-    wait_for(
-        lambda: not daemon.alive()
-        or pg.fetchall(
-            STREAMING_SQL, (slot,)
-        ),
-        what="the daemon to start streaming",
-    )
-    assert daemon.alive(), daemon.log()
+    wait_streaming(pg, slot, daemon)
     return Capture(daemon, conn, slot)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import PROJECT_ROOT, STREAMING_SQL, DaemonProcess, wait_for
+from support.cdc import PROJECT_ROOT, DaemonProcess, wait_for, wait_streaming
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 pytest.importorskip("pyspark")
@@ -129,13 +129,7 @@ class _Source:
         self.cur.execute("CREATE TABLE items(id int PRIMARY KEY, doc text, n int)")
         self.config = cdc_config(tables=["public.items"])
         self.slot = "cdcd_" + pg.dbname[:50]
-        daemons(self.config)
-        wait_for(
-            lambda: pg.fetchall(
-                STREAMING_SQL, (self.slot,)
-            ),
-            what="the daemon to start streaming",
-        )
+        wait_streaming(pg, self.slot, daemons(self.config))
 
     def run(self, *statements: str) -> None:
         for statement in statements:

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from support.cdc import STREAMING_SQL, DaemonProcess, read_changes, wait_for
+from support.cdc import DaemonProcess, read_changes, wait_for, wait_streaming
 from support.kafka import consume_all
 from support.pg import (
     PgDatabase,
@@ -248,12 +248,7 @@ def test_mirror_once_equals_every_table(
         return daemons(config)
 
     daemon = start()
-    wait_for(
-        lambda: pg.fetchall(
-            STREAMING_SQL, (slot,)
-        ),
-        what="the daemon to start streaming",
-    )
+    wait_streaming(pg, slot, daemon)
 
     # Stretch 1: every type, unchanged TOAST, key changes, a crash.
     bootstrap = broker.bootstrap_servers

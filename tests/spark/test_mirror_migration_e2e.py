@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import STREAMING_SQL, DaemonProcess, wait_for
+from support.cdc import DaemonProcess, wait_for, wait_streaming
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -63,12 +63,7 @@ def test_mirror_follows_a_fast_default_and_a_rename(
     config = cdc_config(tables=["public.orders"], extra={"schema_changes": {"resnapshot": "never"}})
     slot = "cdcd_" + pg.dbname[:50]
     daemon = daemons(config)
-    wait_for(
-        lambda: pg.fetchall(
-            STREAMING_SQL, (slot,)
-        ),
-        what="the daemon to start streaming",
-    )
+    wait_streaming(pg, slot, daemon)
 
     def confirmed() -> None:
         target = current_wal_lsn(conn)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cdc import STREAMING_SQL, DaemonProcess, wait_for
+from support.cdc import DaemonProcess, wait_for, wait_streaming
 from support.pg import PgDatabase, current_wal_lsn, slot_confirmed_flush_lsn
 
 from spark.alltypes import KEYS, TypesWorkload, differences
@@ -113,12 +113,7 @@ def test_streaming_mirror_converges_after_writes_stop(
     slot = "cdcd_" + pg.dbname[:50]
     output = tmp_path / "mirror"
     daemon = daemons(config)
-    wait_for(
-        lambda: pg.fetchall(
-            STREAMING_SQL, (slot,)
-        ),
-        what="the daemon to start streaming",
-    )
+    wait_streaming(pg, slot, daemon)
     writer = pg.connect()
     writer.autocommit = False
     workload.run(writer, 20)

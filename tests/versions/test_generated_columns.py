@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from filters.helpers import assert_same, expected_rows, read_topics, replayed, row_fields
-from support.cdc import STREAMING_SQL, wait_for
+from support.cdc import wait_for, wait_streaming
 from support.pg import current_wal_lsn, slot_confirmed_flush_lsn
 
 pytestmark = pytest.mark.integration
@@ -41,13 +41,7 @@ def _run(vdb, vconfig, daemons, publish: bool, owned: bool, prefix: str) -> None
     slot = "cdcd_" + vdb.dbname[:50]
     conn = vdb.connect()
 
-    def streaming() -> bool:
-        assert daemon.alive(), daemon.log()[-3000:]
-        return bool(vdb.fetchall(
-            STREAMING_SQL, (slot,)
-        ))
-
-    wait_for(streaming, timeout_s=120, interval_s=0.1, what="the daemon to stream")
+    wait_streaming(vdb, slot, daemon, timeout_s=120)
     for statement in WORKLOAD:
         vdb.execute(statement)
     target = current_wal_lsn(conn)

@@ -32,7 +32,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from support.cdc import STREAMING_SQL, read_changes, replay, run_cdcd, wait_for, wait_wal_confirmed
+from support.cdc import read_changes, replay, run_cdcd, wait_for, wait_streaming, wait_wal_confirmed
 from support.workload import ABORTED, KEYS, UNDONE, Workload, table_rows
 
 from cdcd.tools.local.postgres import free_port
@@ -141,12 +141,7 @@ def test_every_version_streams_snapshots_and_survives_kill9(
         },
     )
     daemon = daemons(config)
-    wait_for(
-        lambda: vdb.fetchall(
-            STREAMING_SQL, (slot,)
-        ),
-        what="the daemon to stream",
-    )
+    wait_streaming(vdb, slot, daemon)
     # The signal table is created at startup (schema_changes.resnapshot auto).
     wait_for(lambda: vdb.fetchall("SELECT 1 FROM pg_tables WHERE tablename = 'cdcd_signal'"),
              what="the signal table")

@@ -965,10 +965,8 @@ static int copy_read(RowCodec *self, Buffer *value, Buffer *key, const char **at
     return OK;
 }
 
-static PyObject *bytes_of(Buffer *b);
-
 /* A bytes object written in place: the packed reads of a chunk are megabytes,
- * and building them in a buffer first would cost a second allocation (fresh
+ * and building them in a Buffer first would cost a second allocation (fresh
  * pages) and a copy per chunk. */
 typedef struct {
     PyObject *bytes; /* NULL after a failure */
@@ -1006,7 +1004,7 @@ static PyObject *builder_finish(BytesBuilder *b) {
 
 /* Appends one read to the packed output: its key (none: length -1) and value
  * bytes to `blob`, their two lengths (native int32) to `index`. */
-static int pack_read(BytesBuilder *blob, Buffer *index, const char *key, Py_ssize_t key_len,
+static int pack_read(BytesBuilder *blob, BytesBuilder *index, const char *key, Py_ssize_t key_len,
                      const char *value, Py_ssize_t value_len) {
     if (key_len > INT32_MAX || value_len > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "copy_reads(): a message over 2 GiB");
@@ -1014,7 +1012,7 @@ static int pack_read(BytesBuilder *blob, Buffer *index, const char *key, Py_ssiz
     }
     int32_t lengths[2] = {key ? (int32_t)key_len : -1, (int32_t)value_len};
     if ((key && builder_put(blob, key, key_len) != OK) || builder_put(blob, value, value_len) != OK ||
-        buffer_put(index, (const char *)lengths, sizeof(lengths)) < 0) {
+        builder_put(index, (const char *)lengths, sizeof(lengths)) != OK) {
         return FAIL;
     }
     return OK;
@@ -1062,18 +1060,17 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
     Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)columns);
     unsigned char *nulls = PyMem_Malloc((size_t)columns);
     PyObject *out = NULL;
-    Buffer value, key, index;
-    BytesBuilder blob = {NULL, 0};
+    Buffer value, key;
+    BytesBuilder blob = {NULL, 0}, index = {NULL, 0};
     buffer_init(&value);
     buffer_init(&key);
-    buffer_init(&index);
     if (at == NULL || size == NULL || nulls == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     /* An envelope is about as long as its COPY line plus the source block:
      * room for most chunks at once. */
-    if (builder_init(&blob, n * 2) != OK) {
+    if (builder_init(&blob, n * 2) != OK || builder_init(&index, 1024) != OK) {
         goto done;
     }
     for (Py_ssize_t pos = 0; pos < n; seq++) {
@@ -1124,16 +1121,16 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
         }
     }
     PyObject *packed = builder_finish(&blob);
-    PyObject *lengths = packed != NULL ? bytes_of(&index) : NULL;
+    PyObject *lengths = packed != NULL ? builder_finish(&index) : NULL;
     out = lengths != NULL ? PyTuple_Pack(2, packed, lengths) : NULL;
     Py_XDECREF(packed);
     Py_XDECREF(lengths);
 
 done:
     Py_XDECREF(blob.bytes);
+    Py_XDECREF(index.bytes);
     buffer_free(&value);
     buffer_free(&key);
-    buffer_free(&index);
     PyMem_Free(at);
     PyMem_Free(size);
     PyMem_Free(nulls);

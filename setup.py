@@ -41,5 +41,6 @@ setup(
         # the library itself is the one confluent-kafka loaded, opened at run time.
         _extension("cdcd.sink._rdkafka", libraries=["dl"]),
         _extension("cdcd.snapshot._copyout", libraries=["dl"]),
+        _extension("cdcd.source._walread", libraries=["dl"]),
     ]
 )

@@ -385,13 +385,13 @@ class Session:
         snapshots = self._snapshots
         received = 0
         last_lsn = 0
-        replied = stream.psycopg_replied
+        reply_due = stream.reply_due
         while not stop.is_set():
             batch = read_batch(_POLL_EVERY)
             received += feed_batch(batch, decode)
             drained = len(batch) < _POLL_EVERY
             if batch:
-                last_lsn = batch[-1].data_start
+                last_lsn = stream.data_start
                 if last_lsn > self._received:
                     self._received = last_lsn
             # Keepalives move wal_end without data (pgoutput skipped the
@@ -426,7 +426,7 @@ class Session:
                 # Nothing in flight: what the walsender sent is all confirmed,
                 # so transactions that publish nothing never wait on Kafka.
                 tracker.advance_idle(wal_end)
-            self._status_if_due(force=replied(), caught_up=drained)
+            self._status_if_due(force=reply_due(), caught_up=drained)
             self.state.beat()
             if drained:
                 if tracker.in_flight:

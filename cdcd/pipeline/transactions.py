@@ -264,7 +264,7 @@ class TransactionAssembler:
     def _buffer(self, streamed: bool) -> ChangeBuffer:
         return ChangeBuffer(self._spill_bytes, self._spill_dir, self._protocol_version, streamed)
 
-    def feed_batch(self, batch: list[Any], decode: Callable[[bytes], Message]) -> int:
+    def feed_batch(self, batch: list[bytes], decode: Callable[[bytes], Message]) -> int:
         """:meth:`feed` every message of a ``read_batch``, decoded with ``decode``; returns their bytes.
 
         The session's loop: an Insert of a plain transaction goes to the sink
@@ -275,8 +275,7 @@ class TransactionAssembler:
         tables = self._tables
         feed = self.feed
         sink = self._sink
-        for item in batch:
-            payload = item.payload
+        for payload in batch:
             received += len(payload)
             message = decode(payload)
             kind = type(message)

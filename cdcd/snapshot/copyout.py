@@ -20,7 +20,6 @@ classification work the same on both paths).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
@@ -30,7 +29,8 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from cdcd.protocol.native import STATUS, load_native
+from cdcd.source.libpq import native_module
+from cdcd.source.sqlstate import psycopg2_error
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +40,8 @@ MODULE = "cdcd.snapshot._copyout"
 Emit = Callable[[bytes, int], None]
 
 
-@functools.cache
 def _native() -> ModuleType | None:
-    module = load_native(MODULE)
-    if module is None:
-        return None
-    from psycopg2 import _psycopg
-
-    try:
-        module.load(_psycopg.__file__)
-    except OSError as exc:
-        STATUS[MODULE] = f"pure ({exc})"
-        log.warning("COPY is read through psycopg2: %s", exc)
-        return None
-    return module
+    return native_module(MODULE, "COPY is read through psycopg2")
 
 
 def copy_text(cursor: Any, query: str, batch_rows: int, emit: Emit) -> int:
@@ -72,21 +60,9 @@ def copy_text(cursor: Any, query: str, batch_rows: int, emit: Emit) -> int:
     result = native.copy_out(connection.pgconn_ptr, sql, batch_rows, emit)
     if isinstance(result, tuple):
         _, sqlstate, message = result
-        raise _error(sqlstate, message)
+        raise psycopg2_error(sqlstate, message)
     rows: int = result
     return rows
-
-
-def _error(sqlstate: str, message: str) -> psycopg2.Error:
-    """The psycopg2 exception psycopg2 raises for ``sqlstate`` (no SQLSTATE: the connection failed)."""
-    if not sqlstate:
-        return psycopg2.OperationalError(message)
-    try:
-        kind = psycopg2.errors.lookup(sqlstate)
-    except KeyError:
-        kind = psycopg2.DatabaseError
-    error: psycopg2.Error = kind(message)
-    return error
 
 
 def _copy_expert(cursor: Any, sql: str, batch_rows: int, emit: Emit) -> int:

@@ -20,9 +20,10 @@ What cdcd reports (docs/synchronous.md): write = the end of the WAL it has
 received, flush = apply = the confirmed position. A synchronous standby is
 judged by these: ``synchronous_commit = on`` and ``remote_apply`` wait for
 flush/apply (Kafka acknowledged), ``remote_write`` for write (received).
-psycopg2's own answers to reply requests carry write = apply = 0; the
-session follows each of them at once with a correct update
-(``ReplicationStream.psycopg_replied``), and PostgreSQL never moves a
+A keepalive that asks for a reply gets one at once from the session
+(``ReplicationStream.reply_due``). The compiled reader
+(``cdcd.source._walread``) sends nothing itself; where psycopg2 reads, its own
+answer (write = apply = 0) comes first, and PostgreSQL never moves a
 synchronous commit's wait backwards on a lower position.
 """
 

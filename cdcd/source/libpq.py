@@ -1,25 +1,32 @@
 """libpq functions psycopg2 does not expose, from the very library psycopg2 uses.
 
-cdcd calls libpq itself in two places, both on a connection psycopg2 made:
-it sets the error verbosity of a failing connection attempt to read the
-server's SQLSTATE (:mod:`cdcd.source.sqlstate`), and it writes standby status
-updates on the replication connection (:mod:`cdcd.source.feedback`). Both
-pass psycopg2's own ``PGconn`` (``connection.pgconn_ptr``), which only the
-library that made it may be given: a second copy of libpq could not use it.
-So the functions are looked up through psycopg2's extension module: ``dlsym``
-on its handle searches the libraries it depends on, which is where its libpq
-is (bundled by psycopg2-binary, the system's for a source build).
+cdcd calls libpq itself on connections psycopg2 made: it sets the error
+verbosity of a failing connection attempt to read the server's SQLSTATE
+(:mod:`cdcd.source.sqlstate`), and it writes standby status updates on the
+replication connection (:mod:`cdcd.source.feedback`), through ctypes; its
+compiled modules read the replication stream (``cdcd.source._walread``) and
+``COPY`` output (``cdcd.snapshot._copyout``). All pass psycopg2's own
+``PGconn`` (``connection.pgconn_ptr``), which only the library that made it
+may be given: a second copy of libpq could not use it. So the functions are
+looked up through psycopg2's extension module: ``dlsym`` on its handle
+searches the libraries it depends on, which is where its libpq is (bundled by
+psycopg2-binary, the system's for a source build).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
+from types import ModuleType
 from typing import Any
 
 from cdcd.errors import DefiniteError
+from cdcd.protocol.native import STATUS, load_native
 
-__all__ = ["function", "required"]
+__all__ = ["function", "native_module", "required"]
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -56,3 +63,25 @@ def required(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
             hint="install psycopg2-binary, or psycopg2 built against a shared libpq",
         )
     return found
+
+
+@functools.cache
+def native_module(name: str, fallback: str) -> ModuleType | None:
+    """The compiled module ``name``, given psycopg2's libpq (its ``load(path)``).
+
+    None where it is not built, is stale, ``CDCD_PURE_PYTHON`` is set, or
+    libpq cannot be reached that way; the last is logged as ``fallback``
+    (what cdcd does instead).
+    """
+    module = load_native(name)
+    if module is None:
+        return None
+    from psycopg2 import _psycopg
+
+    try:
+        module.load(_psycopg.__file__)
+    except OSError as exc:
+        STATUS[name] = f"pure ({exc})"
+        log.warning("%s: %s", fallback, exc)
+        return None
+    return module

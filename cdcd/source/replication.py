@@ -1,9 +1,14 @@
 """The walsender connection: START_REPLICATION with pgoutput, reading, status updates.
 
-Reading uses psycopg2's C loop (``read_message``: one XLogData payload per
-call, keepalives consumed internally, ``wal_end`` tracked). Status updates
-are sent by ``cdcd.source.feedback`` rather than psycopg2 — see that module
-for why psycopg2's own feedback could confirm undelivered transactions.
+Reading: the compiled ``cdcd.source._walread`` takes a batch of XLogData
+payloads straight from libpq on psycopg2's connection (``_walread.c`` says
+why), and notes keepalives: the server's sent position (``wal_end``) and
+whether one asked for a reply, which the session then sends. Where it is not
+built, or with ``CDCD_PURE_PYTHON=1``, psycopg2's ``read_message`` reads one
+message per call and answers such keepalives itself, then the session sends
+its own update at once. Status updates are otherwise sent by
+``cdcd.source.feedback`` rather than psycopg2 — see that module for why
+psycopg2's own feedback could confirm undelivered transactions.
 
 pgoutput options by protocol version: v2 adds ``streaming on`` (large
 in-progress transactions), v3 ``two_phase on`` (needs a two-phase slot), v4
@@ -27,8 +32,11 @@ from cdcd.errors import DefiniteError, TransientError
 from cdcd.protocol.lsn import Lsn
 from cdcd.source.connection import connect
 from cdcd.source.feedback import send_status
-from cdcd.source.sqlstate import error_code
+from cdcd.source.libpq import native_module
+from cdcd.source.sqlstate import error_code, psycopg2_error
 from cdcd.source.versions import has_messages
+
+MODULE = "cdcd.source._walread"
 
 #: psycopg2 must never send status updates on its own timer (see feedback.py).
 _PSYCOPG_STATUS_INTERVAL_S = 10**7
@@ -116,6 +124,11 @@ class ReplicationStream:
         self._cursor: Any = self._conn.cursor()
         self.server_version = int(self._conn.server_version)
         self._psycopg_feedback: Any = None
+        self._native = native_module(MODULE, "the replication stream is read through psycopg2")
+        self._pgconn = int(self._conn.pgconn_ptr)
+        self._data_start = 0
+        self._wal_end = 0
+        self._reply_due = False
 
     def options(self) -> dict[str, str]:
         options = {
@@ -150,32 +163,56 @@ class ReplicationStream:
         except psycopg2.Error as exc:
             raise classify_stream_error(exc, self.slot) from exc
 
-    def read_batch(self, limit: int) -> list[Any]:
-        """Up to ``limit`` messages that are ready now; fewer means the socket is drained.
-
-        Each has ``payload``, ``data_start`` and ``wal_end`` (psycopg2's
-        ``ReplicationMessage``).
+    def read_batch(self, limit: int) -> list[bytes]:
+        """The payloads of up to ``limit`` messages that are ready now; fewer means the
+        socket is drained. :attr:`data_start` is then the last one's WAL start.
 
         One call per batch rather than per message: the session's loop runs
         once per row, and a Python call is a measurable share of a row.
         """
+        native = self._native
+        if native is not None:
+            result = native.read(self._pgconn, limit)
+            if len(result) == 3:
+                _, sqlstate, message = result
+                exc = psycopg2_error(sqlstate, message)
+                raise classify_stream_error(exc, self.slot) from exc
+            payloads, data_start, wal_end, reply = result
+            if data_start:
+                self._data_start = data_start
+            if wal_end:
+                self._wal_end = wal_end
+            if reply:
+                self._reply_due = True
+            return payloads  # type: ignore[no-any-return]
         read = self._cursor.read_message
-        batch: list[Any] = []
+        batch: list[bytes] = []
         append = batch.append
+        message = None
         try:
             for _ in range(limit):
                 message = read()
                 if message is None:
                     break
-                append(message)
+                append(message.payload)
+                last = message
         except psycopg2.Error as exc:
             raise classify_stream_error(exc, self.slot) from exc
+        if batch:
+            self._data_start = last.data_start
         return batch
+
+    @property
+    def data_start(self) -> Lsn:
+        """The WAL start of the last message :meth:`read_batch` returned."""
+        return Lsn(self._data_start)
 
     @property
     def wal_end(self) -> Lsn:
         """The server's sent position from the last data or keepalive message."""
-        return Lsn(self._cursor.wal_end)
+        if self._native is None:
+            return Lsn(self._cursor.wal_end)
+        return Lsn(self._wal_end)
 
     def wait(self, timeout_s: float) -> None:
         """Block until the socket is readable or the timeout passes."""
@@ -184,14 +221,18 @@ class ReplicationStream:
     def fileno(self) -> int:
         return int(self._conn.fileno())
 
-    def psycopg_replied(self) -> bool:
-        """Whether psycopg2 answered a keepalive on its own since the last call.
+    def reply_due(self) -> bool:
+        """Whether a keepalive asked for a reply since the last call.
 
-        psycopg2 answers a keepalive that requests a reply inside
-        ``read_message``, with write = apply = 0 (see feedback.py); the
-        session then sends its own update at once, so the walsender and
-        ``pg_stat_replication`` see cdcd's real positions.
+        The session then sends its status update at once, so the walsender
+        and ``pg_stat_replication`` see cdcd's real positions. (psycopg2's
+        ``read_message``, where it reads, has already answered with write =
+        apply = 0, see feedback.py; the compiled reader leaves the answer to
+        the session.)
         """
+        if self._native is not None:
+            due, self._reply_due = self._reply_due, False
+            return due
         stamp = self._cursor.feedback_timestamp
         if stamp == self._psycopg_feedback:
             return False

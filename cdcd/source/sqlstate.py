@@ -90,6 +90,19 @@ def error_code(exc: BaseException) -> str:
     return _CODE_OF_CLASS.get(type(exc), "")
 
 
+def psycopg2_error(sqlstate: str, message: str) -> psycopg2.Error:
+    """The exception psycopg2 raises for a server error of ``sqlstate`` (none: the connection
+    failed), for what cdcd reads from libpq itself."""
+    if not sqlstate:
+        return psycopg2.OperationalError(message)
+    try:
+        kind = psycopg2.errors.lookup(sqlstate)
+    except KeyError:
+        kind = psycopg2.DatabaseError
+    error: psycopg2.Error = kind(message)
+    return error
+
+
 def is_refused_at_connect(code: str) -> bool:
     """Whether a server that answered a connection attempt with ``code`` will refuse it again."""
     return code.startswith("28") or code in CONNECT_REFUSED

@@ -61,7 +61,7 @@ class Capture:
 
 @dataclass
 class Msg:
-    """Looks like psycopg2's ``ReplicationMessage`` to the session."""
+    """A message of the script: its payload (what ``read_batch`` returns) and WAL positions."""
 
     payload: bytes
     data_start: int
@@ -172,6 +172,7 @@ class ScriptedStream:
     stop: threading.Event
     started_at: int | None = None
     idle_reads: int = 0
+    _data_start: int = 0
     _wal_end: int = 0
     _closed: bool = False
     statuses: list[tuple[int, int]] = field(default_factory=list)
@@ -179,7 +180,7 @@ class ScriptedStream:
     def start(self, start_lsn: Lsn) -> None:
         self.started_at = int(start_lsn)
 
-    def read_batch(self, limit: int) -> list[Msg]:
+    def read_batch(self, limit: int) -> list[bytes]:
         while self.script and callable(self.script[0]):
             action = self.script.popleft()
             assert callable(action)
@@ -192,8 +193,13 @@ class ScriptedStream:
         batch = self.script.popleft()
         assert isinstance(batch, list) and len(batch) <= limit
         if batch:
+            self._data_start = batch[-1].data_start
             self._wal_end = max(self._wal_end, batch[-1].data_start)
-        return batch
+        return [message.payload for message in batch]
+
+    @property
+    def data_start(self) -> Lsn:
+        return Lsn(self._data_start)
 
     @property
     def wal_end(self) -> Lsn:
@@ -202,7 +208,7 @@ class ScriptedStream:
     def wait(self, timeout_s: float) -> None:
         pass  # nothing arrives but what the script says
 
-    def psycopg_replied(self) -> bool:
+    def reply_due(self) -> bool:
         return True  # a status update at every turn of the loop: every turn is observed
 
     def send_status(self, written: Lsn, flushed: Lsn, reply: bool = False) -> None:

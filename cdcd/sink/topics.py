@@ -23,6 +23,7 @@ Topic names and the rule for each topic's shape are in :mod:`cdcd.naming`.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -65,6 +66,10 @@ def topic_spec(kafka: KafkaConfig, name: str) -> TopicSpec:
 
 # --------------------------------------------------------------------- admin
 
+#: How long one metadata request of cdcd's own admin client may wait before
+#: cdcd looks at its error callbacks (see ``_Admin.metadata``).
+_METADATA_SLICE_S = 0.25
+
 
 class _Admin:
     """An AdminClient plus what error messages need: where it points, what went wrong.
@@ -81,6 +86,7 @@ class _Admin:
         reporter: KafkaLogReporter | None = None,
     ) -> None:
         self.errors: deque[KafkaError] = deque(maxlen=16)  # from error_cb, own clients only
+        self.down_reports = 0  # error_cb's "all brokers down", own clients only
         self.owned = isinstance(target, str)
         self.reporter = reporter if reporter is not None else KAFKA_REPORTER
         if isinstance(target, str):
@@ -106,16 +112,40 @@ class _Admin:
 
     def _on_error(self, err: KafkaError) -> None:
         self.errors.append(err)
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.down_reports += 1
         self.reporter.kafka_error(err, fatal_what="Kafka admin client")
 
     def metadata(self, timeout_s: float) -> ClusterMetadata:
-        """The cluster's metadata (brokers, topics); raises what :meth:`metadata_error` makes."""
-        try:
-            metadata = self.client.list_topics(timeout=timeout_s)
-        except KafkaException as exc:
-            raise self.metadata_error(exc, timeout_s) from exc
-        self.answered()
-        return metadata
+        """The cluster's metadata (brokers, topics); raises what :meth:`metadata_error` makes.
+
+        librdkafka waits the whole timeout for an answer even when every
+        bootstrap server refuses the connection at once. A client of cdcd's
+        own asks in slices and, between them, serves its error callback:
+        once every broker is down and a slice found no answer, the failure
+        is reported at once (an unanswered connection attempt still takes the
+        whole timeout, or librdkafka's connection timeout).
+        """
+        deadline = time.monotonic() + timeout_s
+        down_before = self.down_reports
+        while True:
+            remaining = deadline - time.monotonic()
+            ask = min(remaining, _METADATA_SLICE_S) if self.owned else remaining
+            try:
+                metadata = self.client.list_topics(timeout=max(ask, 0.001))
+            except KafkaException as exc:
+                if remaining > ask and not self._all_brokers_down(since=down_before):
+                    continue
+                raise self.metadata_error(exc, timeout_s, given_up=remaining > ask) from exc
+            self.answered()
+            return metadata
+
+    def _all_brokers_down(self, since: int) -> bool:
+        """An error callback served since report ``since`` said no broker is up (own clients)."""
+        if not self.owned:
+            return False
+        self.client.poll(0)
+        return self.down_reports > since
 
     def answered(self) -> None:
         """A request succeeded: report what the client logged, then that Kafka is reachable."""
@@ -123,8 +153,13 @@ class _Admin:
             self.client.poll(0)
             self.reporter.reachable(self.bootstrap_servers)
 
-    def metadata_error(self, exc: KafkaException, timeout_s: float) -> CdcdError:
-        """A failed metadata request: authentication problems are definite, the rest transient."""
+    def metadata_error(
+        self, exc: KafkaException, timeout_s: float, given_up: bool = False
+    ) -> CdcdError:
+        """A failed metadata request: authentication problems are definite, the rest transient.
+
+        ``given_up``: stopped before ``timeout_s`` because every broker was down.
+        """
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if self.owned:
             # error_cb and the logger run only when the client is polled; the
@@ -137,6 +172,12 @@ class _Admin:
                     hint="check security.protocol and the ssl.*/sasl.* properties in kafka.producer",
                 )
         detail = err.str() if err is not None else str(exc)
+        if given_up:
+            refused = [seen.str() for seen in self.errors if seen.code() != KafkaError._ALL_BROKERS_DOWN]
+            return TransientError(
+                f"cannot reach {self.where}: every broker is down"
+                + (f" ({refused[-1]})" if refused else f" ({detail})")
+            )
         return TransientError(f"cannot reach {self.where} within {timeout_s:g} s: {detail}")
 
 

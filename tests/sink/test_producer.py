@@ -675,6 +675,13 @@ def test_check_broker(broker: LocalBroker) -> None:
         ensure_topics(nobody, [TopicSpec("x", 1, 1)], 2)
     assert nobody in str(topics_unreachable.value)
 
+    # Every broker refusing the connection is reported at once, not after the
+    # whole timeout: a wait here would have said "within 600 s", ten minutes on.
+    with pytest.raises(TransientError) as refused:
+        check_broker(nobody, {}, 600)
+    assert "every broker is down" in str(refused.value), refused.value
+    assert "Connection refused" in str(refused.value), refused.value
+
     # tansu refuses SASL, so the admin client sees an authentication failure.
     sasl = {
         "security.protocol": "SASL_PLAINTEXT",

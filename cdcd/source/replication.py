@@ -188,7 +188,6 @@ class ReplicationStream:
         read = self._cursor.read_message
         batch: list[bytes] = []
         append = batch.append
-        message = None
         try:
             for _ in range(limit):
                 message = read()

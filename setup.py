@@ -40,7 +40,8 @@ setup(
         # Also needs rdkafka.h (Debian: librdkafka-dev) for librdkafka's types;
         # the library itself is the one confluent-kafka loaded, opened at run time.
         _extension("cdcd.sink._rdkafka", libraries=["dl"]),
-        _extension("cdcd.snapshot._copyout", libraries=["dl"]),
-        _extension("cdcd.source._walread", libraries=["dl"]),
+        # libpq calls on psycopg2's connection (the replication stream, COPY),
+        # into the libpq psycopg2 loaded, opened at run time.
+        _extension("cdcd.source._libpq", libraries=["dl"]),
     ]
 )

@@ -5,9 +5,9 @@ the target's ``write()``. A snapshot reads COPY on reader threads while the
 session thread holds the GIL encoding and producing, so each of those
 re-acquisitions waits: on the 1M-row ``orders`` table a COPY next to one
 GIL-holding thread took 1.86 s instead of 0.68 s. The compiled
-``cdcd.snapshot._copyout`` runs the same libpq calls on psycopg2's own
+``cdcd.source._libpq`` runs the same libpq calls on psycopg2's own
 connection and library with the GIL released for a whole batch of rows
-(``_copyout.c`` says how). Where it is not built, or with
+(``_libpq.c`` says how). Where it is not built, or with
 ``CDCD_PURE_PYTHON=1``, ``copy_expert`` reads the rows and this module cuts
 them into the same batches.
 
@@ -34,14 +34,12 @@ from cdcd.source.sqlstate import psycopg2_error
 
 log = logging.getLogger(__name__)
 
-MODULE = "cdcd.snapshot._copyout"
-
 #: ``emit(data, rows)``: whole lines of COPY text and how many.
 Emit = Callable[[bytes, int], None]
 
 
 def _native() -> ModuleType | None:
-    return native_module(MODULE, "COPY is read through psycopg2")
+    return native_module()
 
 
 def copy_text(cursor: Any, query: str, batch_rows: int, emit: Emit) -> int:

@@ -22,7 +22,7 @@ judged by these: ``synchronous_commit = on`` and ``remote_apply`` wait for
 flush/apply (Kafka acknowledged), ``remote_write`` for write (received).
 A keepalive that asks for a reply gets one at once from the session
 (``ReplicationStream.reply_due``). The compiled reader
-(``cdcd.source._walread``) sends nothing itself; where psycopg2 reads, its own
+(``cdcd.source._libpq``) sends nothing itself; where psycopg2 reads, its own
 answer (write = apply = 0) comes first, and PostgreSQL never moves a
 synchronous commit's wait backwards on a lower position.
 """

@@ -4,8 +4,8 @@ cdcd calls libpq itself on connections psycopg2 made: it sets the error
 verbosity of a failing connection attempt to read the server's SQLSTATE
 (:mod:`cdcd.source.sqlstate`), and it writes standby status updates on the
 replication connection (:mod:`cdcd.source.feedback`), through ctypes; its
-compiled modules read the replication stream (``cdcd.source._walread``) and
-``COPY`` output (``cdcd.snapshot._copyout``). All pass psycopg2's own
+compiled module ``cdcd.source._libpq`` reads the replication stream and
+``COPY`` output. All pass psycopg2's own
 ``PGconn`` (``connection.pgconn_ptr``), which only the library that made it
 may be given: a second copy of libpq could not use it. So the functions are
 looked up through psycopg2's extension module: ``dlsym`` on its handle
@@ -24,7 +24,7 @@ from typing import Any
 from cdcd.errors import DefiniteError
 from cdcd.protocol.native import STATUS, load_native
 
-__all__ = ["function", "native_module", "required"]
+__all__ = ["NATIVE_MODULE", "function", "native_module", "required"]
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +65,19 @@ def required(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
     return found
 
 
+#: The compiled module of these calls (the replication stream and COPY, ``_libpq.c``).
+NATIVE_MODULE = "cdcd.source._libpq"
+
+
 @functools.cache
-def native_module(name: str, fallback: str) -> ModuleType | None:
-    """The compiled module ``name``, given psycopg2's libpq (its ``load(path)``).
+def native_module() -> ModuleType | None:
+    """``cdcd.source._libpq``, given psycopg2's libpq (its ``load(path)``).
 
     None where it is not built, is stale, ``CDCD_PURE_PYTHON`` is set, or
-    libpq cannot be reached that way; the last is logged as ``fallback``
-    (what cdcd does instead).
+    libpq cannot be reached that way (logged): psycopg2 then reads the
+    replication stream and COPY.
     """
-    module = load_native(name)
+    module = load_native(NATIVE_MODULE)
     if module is None:
         return None
     from psycopg2 import _psycopg
@@ -81,7 +85,7 @@ def native_module(name: str, fallback: str) -> ModuleType | None:
     try:
         module.load(_psycopg.__file__)
     except OSError as exc:
-        STATUS[name] = f"pure ({exc})"
-        log.warning("%s: %s", fallback, exc)
+        STATUS[NATIVE_MODULE] = f"pure ({exc})"
+        log.warning("the replication stream and COPY are read through psycopg2: %s", exc)
         return None
     return module

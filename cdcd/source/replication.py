@@ -1,7 +1,7 @@
 """The walsender connection: START_REPLICATION with pgoutput, reading, status updates.
 
-Reading: the compiled ``cdcd.source._walread`` takes a batch of XLogData
-payloads straight from libpq on psycopg2's connection (``_walread.c`` says
+Reading: the compiled ``cdcd.source._libpq`` takes a batch of XLogData
+payloads straight from libpq on psycopg2's connection (``_libpq.c`` says
 why), and notes keepalives: the server's sent position (``wal_end``) and
 whether one asked for a reply, which the session then sends. Where it is not
 built, or with ``CDCD_PURE_PYTHON=1``, psycopg2's ``read_message`` reads one
@@ -35,8 +35,6 @@ from cdcd.source.feedback import send_status
 from cdcd.source.libpq import native_module
 from cdcd.source.sqlstate import error_code, psycopg2_error
 from cdcd.source.versions import has_messages
-
-MODULE = "cdcd.source._walread"
 
 #: psycopg2 must never send status updates on its own timer (see feedback.py).
 _PSYCOPG_STATUS_INTERVAL_S = 10**7
@@ -124,7 +122,7 @@ class ReplicationStream:
         self._cursor: Any = self._conn.cursor()
         self.server_version = int(self._conn.server_version)
         self._psycopg_feedback: Any = None
-        self._native = native_module(MODULE, "the replication stream is read through psycopg2")
+        self._native = native_module()
         self._pgconn = int(self._conn.pgconn_ptr)
         self._data_start = 0
         self._wal_end = 0

@@ -49,7 +49,6 @@ from cdcd.protocol.messages import Column, TupleData
 from cdcd.protocol.native import PURE_ENV, native_status, pure_forced
 from cdcd.sink.native import producer_factory
 from cdcd.snapshot import copyout
-from cdcd.source import replication
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = rowcode.NATIVE
@@ -535,14 +534,12 @@ def test_compiled_extensions_are_built_and_current() -> None:
     if shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the pure-Python path is expected")
     producer_factory()  # decides the sink's producer: loads cdcd.sink._rdkafka
-    copyout._native()  # loads cdcd.snapshot._copyout
-    replication.native_module(replication.MODULE, "")  # loads cdcd.source._walread
+    copyout._native()  # loads cdcd.source._libpq
     expected = {
         "cdcd.protocol._native": "compiled",
         "cdcd.envelope._native": "compiled",
         "cdcd.sink._rdkafka": "compiled",
-        "cdcd.snapshot._copyout": "compiled",
-        "cdcd.source._walread": "compiled",
+        "cdcd.source._libpq": "compiled",
     }
     if not Path("/usr/include/librdkafka/rdkafka.h").is_file():
         # Its build needs librdkafka's header (.ci/setup installs librdkafka-dev).
@@ -577,7 +574,7 @@ def test_the_build_succeeds_without_a_compiler(tmp_path: Path) -> None:
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tmp_path / name)
     sources = ("cdcd/protocol/_native.c", "cdcd/envelope/_native.c", "cdcd/sink/_rdkafka.c",
-               "cdcd/snapshot/_copyout.c", "cdcd/source/_walread.c")  # fmt: skip
+               "cdcd/source/_libpq.c")  # fmt: skip
     for source in sources:
         (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / source, tmp_path / source)

@@ -1,4 +1,4 @@
-"""COPY read without the GIL (``cdcd.snapshot._copyout``) gives psycopg2's bytes, batches and errors.
+"""COPY read without the GIL (``cdcd.source._libpq``) gives psycopg2's bytes, batches and errors.
 
 Snapshots read COPY text through :func:`cdcd.snapshot.copyout.copy_text`,
 which runs libpq itself on psycopg2's connection where the compiled module is
@@ -22,6 +22,7 @@ from support.native import status_when_pure
 from cdcd.protocol.native import native_status
 from cdcd.snapshot import copyout
 from cdcd.snapshot.copyout import copy_text
+from cdcd.source.libpq import NATIVE_MODULE
 
 pytestmark = pytest.mark.integration
 compiled = pytest.mark.skipif(
@@ -154,4 +155,4 @@ def test_a_connection_without_a_transaction_opens_one_as_psycopg2_does(tricky: A
 
 def test_pure_python_reads_through_psycopg2() -> None:
     load = "from cdcd.snapshot import copyout\nassert copyout._native() is None"
-    assert "CDCD_PURE_PYTHON" in status_when_pure(load, copyout.MODULE)
+    assert "CDCD_PURE_PYTHON" in status_when_pure(load, NATIVE_MODULE)

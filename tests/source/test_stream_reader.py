@@ -1,4 +1,4 @@
-"""The compiled replication reader (``cdcd.source._walread``) against psycopg2's, on a real walsender.
+"""The compiled replication reader (``cdcd.source._libpq``) against psycopg2's, on a real walsender.
 
 ``ReplicationStream.read_batch`` reads through the compiled module where it is
 built, and through psycopg2's ``read_message`` otherwise. Both must hand the
@@ -20,6 +20,7 @@ from support.pg import PgDatabase, create_slot, current_wal_lsn
 from cdcd.errors import TransientError
 from cdcd.protocol.lsn import Lsn
 from cdcd.source import replication
+from cdcd.source.libpq import native_module
 from cdcd.source.replication import ReplicationStream
 
 pytestmark = pytest.mark.integration
@@ -28,18 +29,18 @@ DEADLINE_S = 60.0
 
 
 def _compiled_available() -> bool:
-    return replication.native_module(replication.MODULE, "unused") is not None
+    return native_module() is not None
 
 
 needs_compiled = pytest.mark.skipif(
-    not _compiled_available(), reason="cdcd.source._walread is not built (or CDCD_PURE_PYTHON=1)"
+    not _compiled_available(), reason="cdcd.source._libpq is not built (or CDCD_PURE_PYTHON=1)"
 )
 
 
 def _stream(dsn: str, slot: str, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> ReplicationStream:
     with monkeypatch.context() as patch:
         if not compiled:
-            patch.setattr(replication, "native_module", lambda name, fallback: None)
+            patch.setattr(replication, "native_module", lambda: None)
         stream = ReplicationStream(dsn, slot, "pub", 2, timeout_s=10)
     return stream
 
@@ -56,6 +57,16 @@ def _read_until(stream: ReplicationStream, end: int, limit: int) -> Iterator[lis
                 return
             assert time.monotonic() < deadline, f"wal_end {stream.wal_end} never reached {Lsn(end)}"
             stream.wait(0.2)
+
+
+def _read_until_lost(stream: ReplicationStream, never: str) -> None:
+    """Read until the stream raises the transient "connection lost" (``never``: the deadline passed)."""
+    deadline = time.monotonic() + DEADLINE_S
+    with pytest.raises(TransientError, match="replication connection lost"):
+        while True:
+            assert time.monotonic() < deadline, never
+            stream.read_batch(16)
+            stream.wait(0.1)
 
 
 @pytest.fixture
@@ -130,11 +141,7 @@ def test_a_reply_request_is_reported_once_and_left_to_the_session(
             stream.read_batch(16)
             stream.wait(0.1)
         assert not stream.reply_due()  # reported once
-        with pytest.raises(TransientError, match="replication connection lost"):
-            while True:
-                assert time.monotonic() < deadline, "the walsender kept an unanswered connection"
-                stream.read_batch(16)
-                stream.wait(0.1)
+        _read_until_lost(stream, "the walsender kept an unanswered connection")
     finally:
         stream.close()
 
@@ -144,7 +151,7 @@ def test_a_terminated_walsender_is_a_transient_error(
     pg: PgDatabase, compiled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if compiled and not _compiled_available():
-        pytest.skip("cdcd.source._walread is not built (or CDCD_PURE_PYTHON=1)")
+        pytest.skip("cdcd.source._libpq is not built (or CDCD_PURE_PYTHON=1)")
     pg.execute("CREATE TABLE t(id int PRIMARY KEY)")
     pg.execute("CREATE PUBLICATION pub FOR TABLE t")
     create_slot(pg.connect(), "a")
@@ -155,11 +162,6 @@ def test_a_terminated_walsender_is_a_transient_error(
         end = current_wal_lsn(pg.connect())
         assert any(_read_until(stream, end, 256))
         pg.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'a'")
-        deadline = time.monotonic() + DEADLINE_S
-        with pytest.raises(TransientError, match="replication connection lost"):
-            while True:
-                assert time.monotonic() < deadline, "the terminated walsender was never noticed"
-                stream.read_batch(16)
-                stream.wait(0.1)
+        _read_until_lost(stream, "the terminated walsender was never noticed")
     finally:
         stream.close()

@@ -131,10 +131,14 @@ class _Admin:
         while True:
             remaining = deadline - time.monotonic()
             ask = min(remaining, _METADATA_SLICE_S) if self.owned else remaining
+            asked = time.monotonic()
             try:
                 metadata = self.client.list_topics(timeout=max(ask, 0.001))
             except KafkaException as exc:
                 if remaining > ask and not self._all_brokers_down(since=down_before):
+                    if time.monotonic() - asked < _METADATA_SLICE_S / 10:
+                        # An error that came back at once: ask again a slice later, not in a spin.
+                        time.sleep(min(_METADATA_SLICE_S, max(0.0, deadline - time.monotonic())))
                     continue
                 raise self.metadata_error(exc, timeout_s, given_up=remaining > ask) from exc
             self.answered()

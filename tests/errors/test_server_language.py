@@ -23,6 +23,7 @@ from typing import Any
 import psycopg2
 import pytest
 from support.cdc import PROJECT_ROOT, cdcd_argv, wait_for, write_config
+from support.pg import drop_slot
 
 from cdcd.errors import DefiniteError, TransientError
 from cdcd.source.connection import connect
@@ -208,4 +209,6 @@ def test_stream_errors_are_sorted_by_sqlstate_in_german(german: LocalPostgres) -
     finally:
         for stream in (missing, first, second):
             stream.close()
-        german.execute("SELECT pg_drop_replication_slot('busy')", dbname="app")
+        # The walsender lets the slot go a moment after its connection closes.
+        with german.connection("app") as conn:
+            drop_slot(conn, "busy")

@@ -20,19 +20,15 @@ classification work the same on both paths).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import psycopg2
-import psycopg2.errors
 import psycopg2.extensions
 
 from cdcd.source.libpq import native_module
 from cdcd.source.sqlstate import psycopg2_error
-
-log = logging.getLogger(__name__)
 
 #: ``emit(data, rows)``: whole lines of COPY text and how many.
 Emit = Callable[[bytes, int], None]

@@ -373,7 +373,7 @@ static PyObject *copy_out(PyObject *module, PyObject *args) {
         return no_memory ? PyErr_NoMemory() : NULL;
     }
     if (failure.message) {
-        PyObject *out = Py_BuildValue("(sss)", "error", failure.sqlstate, failure.message);
+        PyObject *out = error_tuple(failure.sqlstate, failure.message);
         free(failure.message);
         return out;
     }

@@ -21,7 +21,6 @@ classification work the same on both paths).
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import psycopg2
@@ -34,15 +33,11 @@ from cdcd.source.sqlstate import psycopg2_error
 Emit = Callable[[bytes, int], None]
 
 
-def _native() -> ModuleType | None:
-    return native_module()
-
-
 def copy_text(cursor: Any, query: str, batch_rows: int, emit: Emit) -> int:
     """Run ``COPY (query) TO STDOUT`` on ``cursor``'s connection; batches to ``emit``; the row count."""
     sql = f"COPY ({query}) TO STDOUT"
     connection = cursor.connection
-    native = _native()
+    native = native_module()
     # psycopg2 opens a transaction with the first statement it runs itself:
     # a connection that has none open yet reads through psycopg2.
     idle = (

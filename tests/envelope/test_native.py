@@ -48,7 +48,7 @@ from cdcd.protocol.lsn import Lsn
 from cdcd.protocol.messages import Column, TupleData
 from cdcd.protocol.native import PURE_ENV, native_status, pure_forced
 from cdcd.sink.native import producer_factory
-from cdcd.snapshot import copyout
+from cdcd.source.libpq import native_module
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = rowcode.NATIVE
@@ -534,7 +534,7 @@ def test_compiled_extensions_are_built_and_current() -> None:
     if shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the pure-Python path is expected")
     producer_factory()  # decides the sink's producer: loads cdcd.sink._rdkafka
-    copyout._native()  # loads cdcd.source._libpq
+    native_module()  # loads cdcd.source._libpq
     expected = {
         "cdcd.protocol._native": "compiled",
         "cdcd.envelope._native": "compiled",

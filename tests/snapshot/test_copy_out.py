@@ -22,11 +22,11 @@ from support.native import status_when_pure
 from cdcd.protocol.native import native_status
 from cdcd.snapshot import copyout
 from cdcd.snapshot.copyout import copy_text
-from cdcd.source.libpq import NATIVE_MODULE
+from cdcd.source.libpq import NATIVE_MODULE, native_module
 
 pytestmark = pytest.mark.integration
 compiled = pytest.mark.skipif(
-    copyout._native() is None, reason=f"compiled COPY reader not in use: {native_status()}"
+    native_module() is None, reason=f"compiled COPY reader not in use: {native_status()}"
 )
 
 QUERY = "SELECT * FROM tricky ORDER BY id"
@@ -154,5 +154,5 @@ def test_a_connection_without_a_transaction_opens_one_as_psycopg2_does(tricky: A
 
 
 def test_pure_python_reads_through_psycopg2() -> None:
-    load = "from cdcd.snapshot import copyout\nassert copyout._native() is None"
+    load = "from cdcd.source.libpq import native_module\nassert native_module() is None"
     assert "CDCD_PURE_PYTHON" in status_when_pure(load, NATIVE_MODULE)

@@ -6,7 +6,9 @@ Run: ``.venv/bin/python -m tests.bench.bench_ab --trees OLD,NEW [--phase drain|s
 On this shared two-core machine one run differs from the next by more than
 most changes save, and a batch of runs drifts with whatever else runs; so
 both trees run in turns, run 1 of each, then run 2 of each, against one
-throwaway PostgreSQL 15 and broker and one load. Each run is a fresh process
+PostgreSQL and broker (throwaway ones, as ``cdcd bench`` starts them, or
+``--dsn`` / ``--bootstrap-servers``) and one load. The drain takes a slot
+per run: the throwaway cluster allows 20, so at most 10 runs of two trees. Each run is a fresh process
 importing the tree's ``cdcd`` (``PYTHONPATH``; build a tree's C extensions
 in place first: ``python setup.py build_ext --inplace``).
 
@@ -31,8 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cdcd.tools.bench.workload import connect, current_lsn, drop_slot, load, prepare
-from cdcd.tools.local import LocalBroker, LocalPostgres
+from cdcd.tools.bench.workload import connect, current_lsn, drop_slot, environment, load, prepare
 
 #: What a run does in its own process, with the tree's cdcd on its path.
 RUN = """
@@ -75,44 +76,37 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=6, help="runs per tree")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--dsn", default=None, help="a database to use (default: a throwaway cluster)")
+    parser.add_argument("--bootstrap-servers", default=None, help="Kafka (default: the bundled broker)")
+    parser.set_defaults(json=True)  # environment(): no progress lines between the JSON ones
     args = parser.parse_args()
     trees = [Path(t).resolve() for t in args.trees.split(",") if t]
-    cluster = LocalPostgres.start(
-        settings={"fsync": "on", "max_wal_size": "4GB", "shared_buffers": "256MB",
-                  "max_replication_slots": str(len(trees) * args.runs + 4),
-                  "max_wal_senders": str(len(trees) * args.runs + 4)}
-    )  # fmt: skip
-    broker = LocalBroker.start()
-    try:
-        cluster.create_database("bench")
-        dsn = cluster.dsn("bench")
+    # In turns: run 1 of each tree, then run 2 of each...; a slot per run.
+    turns = [(run, index, f"ab_{run}_{index}") for run in range(args.runs) for index in range(len(trees))]
+    with environment(args) as (dsn, bootstrap, _):
         conn = connect(dsn)
-        prepare(conn)
-        slots = [f"ab_{run}_{index}" for run in range(args.runs) for index in range(len(trees))]
-        if args.phase == "drain":
-            with conn.cursor() as cur:
-                for slot in slots:
-                    cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        load(dsn, args.rows, args.seed, quiet=True)
-        end = current_lsn(conn)
-        results: list[list[dict[str, Any]]] = [[] for _ in trees]
-        for run in range(args.runs):
-            for index, tree in enumerate(trees):
-                slot = f"ab_{run}_{index}"
-                task = {"phase": args.phase, "dsn": dsn, "bootstrap": broker.bootstrap_servers,
+        try:
+            prepare(conn)
+            if args.phase == "drain":  # the slots exist before the load, so each drains all of it
+                with conn.cursor() as cur:
+                    for _, _, slot in turns:
+                        cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            load(dsn, args.rows, args.seed, quiet=True)
+            end = current_lsn(conn)
+            results: list[list[dict[str, Any]]] = [[] for _ in trees]
+            for run, index, slot in turns:
+                task = {"phase": args.phase, "dsn": dsn, "bootstrap": bootstrap,
                         "slot": slot, "end": end, "rows": args.rows}  # fmt: skip
-                figures = run_once(tree, task)
+                figures = run_once(trees[index], task)
                 drop_slot(conn, slot)
                 results[index].append(figures)
-                print(json.dumps({"tree": str(tree), "run": run + 1, **figures}), flush=True)
-        for tree, runs in zip(trees, results, strict=True):
-            keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
-            medians = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
-            print(json.dumps({"tree": str(tree), "median_of": len(runs), **medians}), flush=True)
-        conn.close()
-    finally:
-        broker.cleanup()
-        cluster.cleanup()
+                print(json.dumps({"tree": str(trees[index]), "run": run + 1, **figures}), flush=True)
+        finally:
+            conn.close()
+    for tree, runs in zip(trees, results, strict=True):
+        keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
+        medians = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+        print(json.dumps({"tree": str(tree), "median_of": len(runs), **medians}), flush=True)
 
 
 if __name__ == "__main__":

@@ -212,6 +212,13 @@ class Metrics:
             "Messages and requests waiting in librdkafka's local queue (len(producer)).",
             registry=reg,
         )
+        self.producer_queue_full = Counter(
+            "cdcd_producer_queue_full_seconds",
+            "Seconds cdcd waited for room in librdkafka's local queue (full at "
+            "queue.buffering.max.messages or .kbytes): Kafka slower than the "
+            "source, or a queue too small for the produce round trip.",
+            registry=reg,
+        )
 
         # -- positions -------------------------------------------------------
         self.received_lsn = Gauge(

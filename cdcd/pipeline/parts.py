@@ -40,6 +40,9 @@ class Sink(Producer, Protocol):
     """What a session needs of a Kafka sink (``cdcd.sink.producer.KafkaSink``): the
     publisher's ``produce``, and serving delivery reports."""
 
+    blocked_s: float
+    """Seconds ``produce`` has waited for room in the local queue, in all."""
+
     def poll(self, timeout: float = 0.0) -> int: ...
 
     def flush(self, timeout_s: float) -> int: ...

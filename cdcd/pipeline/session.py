@@ -144,6 +144,8 @@ class Session:
         # Commit timestamps (ms) of transactions delivered since the last
         # _observe_latency(): observed in one go after each poll.
         self._delivered_ms: list[int] = []
+        # sink.blocked_s already added to the metrics (the sink is this session's).
+        self._reported_blocked_s = 0.0
 
     # -- setup ----------------------------------------------------------------------
 
@@ -412,8 +414,7 @@ class Session:
                 if received:
                     metrics.mark_received(last_lsn, received)
                     received = 0
-                metrics.in_flight.set(tracker.in_flight)
-                metrics.producer_queue.set(len(sink))
+                self._report_sink(metrics, sink, tracker)
                 metrics.spill_bytes.set(assembler.spilled_bytes)
             now = time.monotonic()
             if now >= next_heartbeat:
@@ -543,6 +544,15 @@ class Session:
                 )
             self._sync_state = state
 
+    def _report_sink(self, metrics: Metrics, sink: Sink, tracker: AckTracker) -> None:
+        """The producer's gauges, and the time it has waited on a full queue since the last report."""
+        metrics.in_flight.set(tracker.in_flight)
+        metrics.producer_queue.set(len(sink))
+        waited = sink.blocked_s - self._reported_blocked_s
+        if waited > 0:
+            metrics.producer_queue_full.inc(waited)
+            self._reported_blocked_s = sink.blocked_s
+
     def _drain(self) -> None:
         """On stop: wait for in-flight deliveries, then confirm what was delivered."""
         sink, tracker = self._sink, self._tracker
@@ -555,8 +565,7 @@ class Session:
         if self.metrics is not None:
             if self._publisher is not None:
                 self._publisher.flush_metrics()
-            self.metrics.in_flight.set(tracker.in_flight)
-            self.metrics.producer_queue.set(len(sink))
+            self._report_sink(self.metrics, sink, tracker)
         if tracker.failure is not None:
             raise tracker.failure
         self._status_if_due(force=True)

@@ -28,6 +28,20 @@ Why the configuration is what it is:
   the local queue is full, :meth:`KafkaSink.produce` serves delivery reports and
   retries: it blocks the replication stream (backpressure, and PostgreSQL keeps
   the WAL) and never drops a message.
+- ``queue.buffering.max.messages=10000`` is also what keeps a message cheap.
+  Every message is touched again after ``produce()``: written into a batch by
+  librdkafka's broker thread, then reported and freed. With 100,000 waiting,
+  those touches miss the CPU caches; librdkafka's own CPU per message (cdcd's
+  two headers, lz4) was 1.35-1.75 µs at 100,000 and 0.88-0.98 µs at 20,000
+  (``tests.bench.bench_kafka_floor --producers c``), and a 1M-row snapshot
+  went from 1.9 to 1.3 µs of cdcd CPU per row (``tests.bench.bench_ab``). The
+  price: at most 10,000 messages are unacknowledged at once, so a producer
+  whose produce requests take 20 ms to be acknowledged sends at most about
+  500,000 messages/s. Raise it for brokers that far away (the
+  ``cdcd_producer_queue_full_seconds`` counter says how long cdcd waited).
+- A full queue is sent at once (:data:`FULL_QUEUE_FLUSH_S`): its batches are
+  as full as they will get, and waiting out ``linger.ms`` would only cap the
+  rate at the queue's size per linger (10,000 per 20 ms).
 - ``message.timeout.ms``: librdkafka retries idempotently until then; after
   it, the message fails with ``_MSG_TIMED_OUT``, which is a transient failure
   (the pipeline restarts from the last confirmed LSN).
@@ -63,6 +77,7 @@ __all__ = [
     "FIXED_PROPERTIES",
     "PRODUCER_DEFAULTS",
     "DIRECT_PRODUCE_ERRORS",
+    "FULL_QUEUE_FLUSH_S",
     "DeliveryCallback",
     "DirectProduce",
     "KafkaSink",
@@ -99,12 +114,19 @@ PRODUCER_DEFAULTS: Mapping[str, str | int | float | bool] = {
     "batch.num.messages": 10_000,
     "batch.size": 1_000_000,
     "compression.type": "lz4",
-    "queue.buffering.max.messages": 100_000,
+    "queue.buffering.max.messages": 10_000,
     "queue.buffering.max.kbytes": 131_072,
     "message.timeout.ms": 300_000,
 }
 """Defaults a user property of the same name overrides (see the module docstring)."""
 
+FULL_QUEUE_FLUSH_S = 0.002
+"""How long a producer whose local queue is full flushes before it tries again.
+
+``flush()`` makes librdkafka send what it holds at once, ignoring
+``linger.ms`` (librdkafka >= 1.8), and serves the reports that come back
+meanwhile. Short, so that the producer takes room as soon as some frees up
+instead of waiting for the whole queue to empty."""
 _BLOCK_POLL_S = 0.05
 _BLOCK_WARN_S = 10.0
 #: How long :meth:`KafkaSink.close` serves the reports of purged messages.
@@ -474,14 +496,27 @@ class KafkaSink:
         headers: list[tuple[str, bytes]],
         on_delivery: DeliveryCallback,
     ) -> None:
-        """Serve delivery reports until the queue has room for the message."""
+        """Send what the full queue holds and serve delivery reports until it has room for the message.
+
+        Flushes and polls in turns. A flush sends whatever lingers, but only
+        what librdkafka can send while it lasts: messages it could not (no
+        connection yet, every request slot in use) would linger again after
+        it. A poll returns at the first report, so room is taken as soon as
+        some frees up, and while Kafka is down the loop runs about 20 times
+        a second, not 500.
+        """
         producer = self._producer
         started = time.monotonic()
         warn_at = started + _BLOCK_WARN_S
         self.blocked_count += 1
+        kick = True
         try:
             while True:
-                producer.poll(_BLOCK_POLL_S)
+                if kick:
+                    producer.flush(FULL_QUEUE_FLUSH_S)
+                else:
+                    producer.poll(_BLOCK_POLL_S)
+                kick = not kick
                 self.raise_if_fatal()
                 if self._should_stop is not None and self._should_stop():
                     raise TransientError(

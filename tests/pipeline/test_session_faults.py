@@ -31,6 +31,7 @@ from support.pg import PgDatabase, create_publication, create_slot, lsn_to_int, 
 
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import TransientError
+from cdcd.observability.metrics import Metrics
 from cdcd.pipeline.parts import SessionParts, real_parts
 from cdcd.pipeline.session import Session
 from cdcd.protocol.lsn import Lsn
@@ -251,7 +252,7 @@ class Run:
         if not pending and flushed >= self.capture.txns[-1].end_lsn:
             self.stop.set()  # all there: the session drains and returns
 
-    def session(self, script: list[Step]) -> tuple[Session, ScriptedStream]:
+    def session(self, script: list[Step], metrics: Metrics | None = None) -> tuple[Session, ScriptedStream]:
         stream = ScriptedStream(deque(script), self.on_status, self.stop)
         real = real_parts(_config(self.capture.dsn))
         sink = self.sink
@@ -271,7 +272,7 @@ class Run:
             check_broker=lambda: "a FaultSink",
             ensure_topic=no_topic,
         )
-        return Session(_config(self.capture.dsn), self.stop, parts=parts), stream
+        return Session(_config(self.capture.dsn), self.stop, metrics, parts=parts), stream
 
     def assert_never_passed_unacknowledged(self) -> None:
         assert self.observed, "no status update was sent"
@@ -333,13 +334,16 @@ def test_a_failed_delivery_freezes_confirmation_before_its_transaction(capture: 
 
 def test_a_full_queue_blocks_produce_and_confirms_nothing_unacknowledged(capture: Capture) -> None:
     """A queue of 4 with reports withheld: produce blocks (the session's should_stop keeps the
-    walsender informed meanwhile), then reports come back and confirmation catches up."""
+    walsender informed meanwhile), then reports come back and confirmation catches up.
+    The time blocked (here a fake half second per wait) reaches the queue-full counter."""
     sink = TrickleSink(partitions=3, queue_limit=4, per_poll=1)
     run = Run(capture, sink)
     blocked = Counter[str]()
+    metrics = Metrics(process_collectors=False)
 
     def on_block(s: FaultSink) -> None:
         blocked["calls"] += 1
+        s.blocked_s += 0.5
         assert sink.should_stop is not None
         assert not sink.should_stop()  # the session's status update while blocked
         if blocked["calls"] % 7 == 0:
@@ -353,9 +357,11 @@ def test_a_full_queue_blocks_produce_and_confirms_nothing_unacknowledged(capture
     for batch in batches[2:]:
         script += [sink.delay_deliveries, batch]
     script.append(sink.release)
-    session, _ = run.session(script)
+    session, _ = run.session(script, metrics)
     session.run()
     assert sink.blocked_count > 0 and blocked["calls"] > 0
+    waited = metrics.registry.get_sample_value("cdcd_producer_queue_full_seconds_total")
+    assert waited == 0.5 * blocked["calls"]
     run.assert_never_passed_unacknowledged()
     run.assert_reached_last_commit()
 

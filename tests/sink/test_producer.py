@@ -425,6 +425,48 @@ def test_produce_keys_headers_several_topics_and_consume_back(broker: LocalBroke
 
 
 @integration
+def test_a_full_queue_is_sent_at_once_not_after_the_linger(broker: LocalBroker) -> None:
+    """With a 15-minute linger and a queue of 10, 200 messages still go through: a full
+    queue is flushed (sent whatever linger.ms says), not waited on.
+
+    Polling alone, as before, would wait out the linger once per 10 messages: the wait
+    is cut at 120 s here (should_stop), well past the milliseconds the test takes.
+    """
+    topic = _topic("full-queue")
+    ensure_topics(broker.bootstrap_servers, [TopicSpec(topic, 3, 1)], 10)
+    props = {"queue.buffering.max.messages": 10, "linger.ms": 900_000, "message.timeout.ms": 1_000_000}
+    deadline = time.monotonic() + 120
+    sink = KafkaSink(
+        build_producer_config(broker.bootstrap_servers, props, "cdcd-test"),
+        should_stop=lambda: time.monotonic() > deadline,
+    )
+    tracker = AckTracker(Lsn(0x100), classify=sink.delivery_failure)
+    try:
+        for txn in range(20):
+            ticket = tracker.open()
+            for seq in range(10):
+                ticket.add()
+                sink.produce(topic, b"k%d" % seq, b"v", _headers(str(Lsn(0x200 + txn)), seq),
+                             ticket.on_delivery)  # fmt: skip
+            ticket.seal(Lsn(0x200 + txn + 1))
+        assert sink.blocked_count >= 1  # the queue was full, and went out
+        assert sink.flush(30) == 0
+    finally:
+        sink.close(5)
+    assert tracker.failure is None and tracker.confirmed == 0x200 + 20
+    assert len(consume_all(broker.bootstrap_servers, topic, expected=200)) == 200
+
+
+def test_default_queue_holds_few_enough_messages_to_stay_in_cache() -> None:
+    """10,000 unacknowledged messages at most by default: 100,000 cost librdkafka about
+    0.7 µs more per message (docs/operations.md, The Kafka producer)."""
+    assert build_producer_config("b:9092", {}, "c")["queue.buffering.max.messages"] == 10_000
+    assert build_producer_config(
+        "b:9092", {"queue.buffering.max.messages": 200_000}, "c"
+    )["queue.buffering.max.messages"] == 200_000
+
+
+@integration
 def test_idempotent_producer_gets_a_producer_id(broker: LocalBroker) -> None:
     topic = _topic("idem")
     ensure_topics(broker.bootstrap_servers, [TopicSpec(topic, 1, 1)], 10)

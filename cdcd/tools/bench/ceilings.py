@@ -247,6 +247,8 @@ def produce_timed(
     ``lsn`` header and a ``cdcd.seq`` header on each (no headers without
     ``lsn``). Raises when a message was not delivered.
     """
+    from cdcd.sink.producer import FULL_QUEUE_FLUSH_S
+
     tickets: list[CountingTicket] = []
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_start, started = usage.ru_utime + usage.ru_stime, time.monotonic()
@@ -264,7 +266,7 @@ def produce_timed(
                 produce(topic, value, key, -1, on_delivery, None, 0, headers)
                 break
             except BufferError:
-                producer.poll(0.05)
+                producer.flush(FULL_QUEUE_FLUSH_S)  # as cdcd's sink does on a full queue
     while producer.flush(1.0):
         pass
     elapsed = time.monotonic() - started

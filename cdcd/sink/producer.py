@@ -42,6 +42,10 @@ Why the configuration is what it is:
 - A full queue is sent at once (:data:`FULL_QUEUE_FLUSH_S`): its batches are
   as full as they will get, and waiting out ``linger.ms`` would only cap the
   rate at the queue's size per linger (10,000 per 20 ms).
+- ``batch.num.messages=2000``, a fifth of the queue, so that even a topic of
+  one partition has five requests in flight rather than one batch of the
+  whole queue waiting for its acknowledgement (one partition: 0.86M -> 1.22M
+  messages/s in ``bench_kafka_floor``).
 - ``message.timeout.ms``: librdkafka retries idempotently until then; after
   it, the message fails with ``_MSG_TIMED_OUT``, which is a transient failure
   (the pipeline restarts from the last confirmed LSN).
@@ -111,7 +115,7 @@ PRODUCER_DEFAULTS: Mapping[str, str | int | float | bool] = {
     "partitioner": "murmur2_random",
     "max.in.flight.requests.per.connection": 5,
     "linger.ms": 20,
-    "batch.num.messages": 10_000,
+    "batch.num.messages": 2_000,
     "batch.size": 1_000_000,
     "compression.type": "lz4",
     "queue.buffering.max.messages": 10_000,

@@ -459,8 +459,13 @@ def test_a_full_queue_is_sent_at_once_not_after_the_linger(broker: LocalBroker) 
 
 def test_default_queue_holds_few_enough_messages_to_stay_in_cache() -> None:
     """10,000 unacknowledged messages at most by default: 100,000 cost librdkafka about
-    0.7 µs more per message (docs/operations.md, The Kafka producer)."""
-    assert build_producer_config("b:9092", {}, "c")["queue.buffering.max.messages"] == 10_000
+    0.7 µs more per message (docs/operations.md, The Kafka producer), in batches small
+    enough that one partition still has five requests in flight."""
+    config = build_producer_config("b:9092", {}, "c")
+    assert config["queue.buffering.max.messages"] == 10_000
+    # A partition's queue fills the five requests idempotence allows in flight.
+    in_flight = config["max.in.flight.requests.per.connection"] * config["batch.num.messages"]
+    assert in_flight <= config["queue.buffering.max.messages"]
     assert build_producer_config(
         "b:9092", {"queue.buffering.max.messages": 200_000}, "c"
     )["queue.buffering.max.messages"] == 200_000

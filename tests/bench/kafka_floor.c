@@ -156,7 +156,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "produce: %s\n", rd_kafka_err2str(e));
                 return 1;
             }
-            rd_kafka_poll(rk, 50);
+            /* As cdcd's sink does on a full queue: send it now, whatever linger.ms says. */
+            rd_kafka_flush(rk, 2);
         }
         if ((i & 1023) == 0)
             rd_kafka_poll(rk, 0);

@@ -296,8 +296,8 @@ class KafkaConfig(_Model):
     producer: dict[str, ProducerValue] = Field(
         default_factory=dict,
         description="librdkafka producer properties, passed through over cdcd's defaults "
-        "(docs/operations.md, The Kafka producer) (passwords, secrets, "
-        "tokens and keys are held as secrets: never shown in a log or repr)",
+        "(listed in docs/operations.md, The Kafka producer); passwords, secrets, "
+        "tokens and keys are held as secrets: never shown in a log or repr",
     )
 
     @field_validator("producer")

@@ -129,3 +129,33 @@ def test_bench_snapshot_with_worker_processes() -> None:
     assert snap["processes"] == 2 and snap["connections"] == 2
     assert 0 < snap["workers_cpu_us_per_row"] <= snap["cdcd_cpu_us_per_row"]
     assert len(snap["workers_peak_rss_mb"]) == 2 and min(snap["workers_peak_rss_mb"]) > 10
+
+
+def test_threads_cpu_s_skips_a_thread_that_ends_while_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that ends between the listing of /proc/self/task and the read of its
+    name (ESRCH: ProcessLookupError) is left out, not an error that ends the bench run.
+
+    The race is made certain: every thread's name is read from /proc (threading knows
+    only the main one), and that read fails as it does for an ended thread.
+    """
+    import threading
+
+    from cdcd.tools.bench import cpu
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="ends-while-read")
+    other.start()
+    real_read_text = Path.read_text
+
+    def read_text(path: Path, *args: Any, **kwargs: Any) -> str:
+        if path.name == "comm":
+            raise ProcessLookupError(3, "No such process")
+        return real_read_text(path, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(Path, "read_text", read_text)
+        monkeypatch.setattr(cpu.threading, "enumerate", lambda: [threading.main_thread()])
+        assert cpu.threads_cpu_s() == {}
+    finally:
+        stop.set()
+        other.join()

@@ -153,7 +153,7 @@ def threads_cpu_s() -> dict[str, float]:
             continue
         try:
             name = names.get(tid) or (task / "comm").read_text().strip()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended since the listing
             continue
         result[name] = result.get(name, 0.0) + cpu
     return result

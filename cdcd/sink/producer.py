@@ -506,8 +506,8 @@ class KafkaSink:
         what librdkafka can send while it lasts: messages it could not (no
         connection yet, every request slot in use) would linger again after
         it. A poll returns at the first report, so room is taken as soon as
-        some frees up, and while Kafka is down the loop runs about 20 times
-        a second, not 500.
+        some frees up, and while Kafka is down the loop waits 50 ms of every
+        52 instead of waking librdkafka's broker threads 500 times a second.
         """
         producer = self._producer
         started = time.monotonic()

@@ -666,6 +666,24 @@ tests:
       - eval_time: 35m
         alertname: CdcdCrashLooping
         exp_alerts: []
+  # Waiting on Kafka: a's producer queue is full 45 s of every minute, b's 15 s.
+  - interval: 1m
+    input_series:
+      - series: 'cdcd_producer_queue_full_seconds_total{{job="cdcd", instance="a"}}'
+        values: '0+45x30'
+      - series: 'cdcd_producer_queue_full_seconds_total{{job="cdcd", instance="b"}}'
+        values: '0+15x30'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: CdcdWaitingOnKafka
+        exp_alerts: []
+      - eval_time: 25m
+        alertname: CdcdWaitingOnKafka
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: cdcd, instance: a}}
+            exp_annotations:
+              summary: "cdcd on a waits on Kafka 75% of the time"
+              description: "The Kafka producer's local queue has been full more than half the time for 15 minutes, so cdcd reads from the slot only as fast as Kafka acknowledges and slot lag grows. If Kafka is healthy, raise queue.buffering.max.messages in kafka.producer (at most that many messages are unacknowledged at once)."
 """
 
 

@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "produce: %s\n", rd_kafka_err2str(e));
                 return 1;
             }
-            /* As cdcd's sink does on a full queue: send it now, whatever linger.ms says. */
+            /* A full queue is sent now, whatever linger.ms says, as cdcd's sink first does. */
             rd_kafka_flush(rk, 2);
         }
         if ((i & 1023) == 0)

@@ -1339,7 +1339,37 @@ static PyObject *module_configure_stamp(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* packed_start(index, i) -> where read i starts in the blob of packed reads
+ * (cdcd.envelope.rowcode.PackedReads): the sum of the lengths before it, a
+ * key of -1 (none) counting 0. The producer asks for the one read a full
+ * queue stopped at; summing in Python made a generator step per read. */
+static PyObject *module_packed_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "packed_start(index: bytes, i: int)");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t count = PyBytes_GET_SIZE(args[0]) / (Py_ssize_t)(2 * sizeof(int32_t));
+    if (i < 0 || i > count) {
+        PyErr_SetString(PyExc_IndexError, "packed_start(): read index out of range");
+        return NULL;
+    }
+    const char *index = PyBytes_AS_STRING(args[0]);
+    long long start = 0;
+    for (Py_ssize_t k = 0; k < i; k++) {
+        int32_t lengths[2];
+        memcpy(lengths, index + k * (Py_ssize_t)sizeof lengths, sizeof lengths);
+        start += (lengths[0] > 0 ? lengths[0] : 0) + (long long)lengths[1];
+    }
+    return PyLong_FromLongLong(start);
+}
+
 static PyMethodDef module_methods[] = {
+    {"packed_start", (PyCFunction)(void (*)(void))module_packed_start, METH_FASTCALL,
+     "packed_start(index, i) -> the offset of packed read i in its blob"},
     {"encode_value", module_encode_value, METH_VARARGS,
      "encode_value(kind, value, precision, scale) -> Avro bytes, or None where C hands over"},
     {"make_stamp", (PyCFunction)(void (*)(void))module_make_stamp, METH_VARARGS | METH_KEYWORDS,

@@ -244,6 +244,19 @@ the lines the C code leaves to Python (``cdcd.snapshot.rows.encode_reads``)."""
 _LENGTHS = struct.Struct("=ii")
 
 
+def packed_start_python(index: bytes, i: int) -> int:
+    """Where packed read ``i`` starts in its blob: the lengths before it, a key of -1 (none) counting 0."""
+    if not 0 <= i <= len(index) // _LENGTHS.size:
+        raise IndexError("packed_start(): read index out of range")
+    return sum(max(k, 0) + v for k, v in itertools.islice(_LENGTHS.iter_unpack(index), i))
+
+
+#: :func:`packed_start_python`, compiled where the encoder is.
+_packed_start: Callable[[bytes, int], int] = (
+    NATIVE.packed_start if NATIVE is not None else packed_start_python
+)
+
+
 class PackedReads(Sequence[Message]):
     """Snapshot reads as the compiled encoder packs them: no Python object per row.
 
@@ -256,14 +269,13 @@ class PackedReads(Sequence[Message]):
     on demand.
     """
 
-    __slots__ = ("_blob", "_index", "_seq", "_lsn_header", "_seq_name", "_starts")
+    __slots__ = ("_blob", "_index", "_seq", "_lsn_header", "_seq_name")
 
     def __init__(
         self, blob: bytes, index: bytes, seq: int, lsn_header: tuple[str, bytes], seq_name: str
     ) -> None:
         self._blob, self._index, self._seq = blob, index, seq
         self._lsn_header, self._seq_name = lsn_header, seq_name
-        self._starts: list[int] | None = None
 
     @property
     def packed(self) -> tuple[bytes, bytes, int, str, bytes, str]:
@@ -301,11 +313,10 @@ class PackedReads(Sequence[Message]):
             i += count
         if not 0 <= i < count:
             raise IndexError("read index out of range")
-        if self._starts is None:
-            # Where each read starts: computed once, for the few reads taken one by one.
-            ends = itertools.accumulate(max(k, 0) + v for k, v in _LENGTHS.iter_unpack(self._index))
-            self._starts = [0, *ends]
-        return self._message(i, self._starts[i], *_LENGTHS.unpack_from(self._index, i * _LENGTHS.size))
+        # The sink takes reads one by one where a full queue stopped a batch: a
+        # few per chunk, each summing the lengths before it in C.
+        start = _packed_start(self._index, i)
+        return self._message(i, start, *_LENGTHS.unpack_from(self._index, i * _LENGTHS.size))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PackedReads | list | tuple):

@@ -20,6 +20,7 @@ still runs.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from cdcd.decode.relations import TableVersion
 from cdcd.decode.types import StaticCatalog
 from cdcd.decode.values import column_codec
 from cdcd.envelope.encoder import OP_READ, TableEncoder, make_stamp
-from cdcd.envelope.rowcode import PackedReads
+from cdcd.envelope.rowcode import NATIVE, PackedReads, packed_start_python
 from cdcd.errors import DefiniteError
 from cdcd.naming import LSN_HEADER, SEQ_HEADER
 from cdcd.protocol.lsn import Lsn
@@ -125,6 +126,26 @@ def test_compiled_copy_reads_equal_the_pure_ones(data: st.DataObject) -> None:
         assert [packed[-i] for i in range(1, len(packed) + 1)] == list(packed)[::-1]
         with pytest.raises(IndexError):
             packed[len(packed)]
+
+
+@compiled
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.integers(-1, 2**20), st.integers(0, 2**20)), max_size=40),
+    st.integers(-3, 43),
+)
+def test_compiled_packed_start_equals_the_reference(lengths: list[tuple[int, int]], i: int) -> None:
+    # Where a read starts, summed in C: keys of -1 (no key) count nothing.
+    index = b"".join(struct.pack("=ii", k, v) for k, v in lengths)
+    assert NATIVE is not None
+    if 0 <= i <= len(lengths):
+        assert NATIVE.packed_start(index, i) == packed_start_python(index, i)
+        assert packed_start_python(index, i) == sum(max(k, 0) + v for k, v in lengths[:i])
+    else:
+        with pytest.raises(IndexError):
+            NATIVE.packed_start(index, i)
+        with pytest.raises(IndexError):
+            packed_start_python(index, i)
 
 
 @SETTINGS

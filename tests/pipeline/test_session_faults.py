@@ -32,6 +32,7 @@ from support.pg import PgDatabase, create_publication, create_slot, lsn_to_int, 
 from cdcd.config.model import CdcdConfig
 from cdcd.errors import TransientError
 from cdcd.observability.metrics import Metrics
+from cdcd.pipeline import session as session_module
 from cdcd.pipeline.parts import SessionParts, real_parts
 from cdcd.pipeline.session import Session
 from cdcd.protocol.lsn import Lsn
@@ -384,3 +385,58 @@ def test_a_stalled_flush_holds_confirmation_until_reports_come(capture: Capture)
     assert len(run.stalled) >= 50, "the session did not keep reporting while the flush stalled"
     assert max(run.stalled) == capture.txns[1].end_lsn  # delivered before the stall, no further
     run.assert_reached_last_commit()
+
+
+def _catch_up_run(capture: Capture, monkeypatch: pytest.MonkeyPatch, flush_every_s: float) -> list[str]:
+    """The capture in drained reads of 6 messages while reports trickle back one per poll
+    (so messages stay in flight): what the loop did after each read, in order."""
+    monkeypatch.setattr(session_module, "_CATCHING_UP", 4)
+    monkeypatch.setattr(session_module, "_CATCH_UP_FLUSH_S", flush_every_s)
+    sink = TrickleSink(partitions=3, per_poll=1)
+    run = Run(capture, sink)
+    messages = [m for batch in _messages(capture) for m in batch]
+    script: list[Step] = [messages[i : i + 6] for i in range(0, len(messages), 6)]
+    session, stream = run.session(script)
+    events: list[str] = []
+    read_batch, flush = stream.read_batch, sink.flush
+
+    def recorded_read(limit: int) -> list[bytes]:
+        batch = read_batch(limit)
+        events.append(f"read {len(batch)}")
+        return batch
+
+    def recorded_flush(timeout_s: float = 0.0) -> int:
+        events.append(f"flush {timeout_s}")
+        return flush(timeout_s)
+
+    stream.read_batch = recorded_read  # type: ignore[method-assign]
+    sink.flush = recorded_flush  # type: ignore[method-assign]
+    session._let_fill = lambda seconds: events.append(f"fill {seconds}")
+    session.run()
+    run.assert_never_passed_unacknowledged()
+    run.assert_reached_last_commit()
+    return events
+
+
+def test_a_backlog_lets_the_socket_fill_instead_of_flushing_each_read(
+    capture: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads of a backlog that leave the socket drained for a moment: the loop waits for more
+    to arrive instead of flushing the producer, until the reads are small again (caught up);
+    confirmation is as exact as ever."""
+    events = _catch_up_run(capture, monkeypatch, flush_every_s=1e9)
+    loop_flush = f"flush {session_module._IN_FLIGHT_WAIT_S}"  # schemas flush on their own
+    first_idle = events.index("read 0")
+    backlog = events[:first_idle]
+    assert backlog.count(f"fill {session_module._FILL_WAIT_S}") >= 3
+    assert loop_flush not in backlog
+    assert loop_flush in events[first_idle:]  # caught up: what lingers is sent at once
+
+
+def test_a_backlog_still_flushes_at_the_set_interval(
+    capture: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the flush interval at 0 every drained read with messages in flight flushes."""
+    events = _catch_up_run(capture, monkeypatch, flush_every_s=0.0)
+    assert not [e for e in events if e.startswith("fill")]
+    assert events.count(f"flush {session_module._IN_FLIGHT_WAIT_S}") >= 3

@@ -159,3 +159,15 @@ def test_threads_cpu_s_skips_a_thread_that_ends_while_it_reads(monkeypatch: pyte
     finally:
         stop.set()
         other.join()
+
+
+@pytest.mark.parametrize("mock", [False, True], ids=["stand-in producer", "kafka mock"])
+def test_bench_pipeline_cpu_runs_and_confirms_the_last_commit(mock: bool) -> None:
+    # The Python-path bench feeds batches as the replication stream reads them
+    # (payload bytes); it had been left feeding message objects and crashed.
+    from tests.bench.bench_pipeline_cpu import _run, _stream
+
+    relations, payloads = _stream(30)
+    _, _, confirmed = _run(relations, payloads, mock)
+    last_commit_end = int.from_bytes(payloads[-1][10:18], "big")
+    assert int(confirmed) == last_commit_end

@@ -49,15 +49,6 @@ ROWS_PER_TXN = 10
 POLL_EVERY = 256
 
 
-class _Message:
-    """What ``ReplicationStream.read_batch`` returns of a message: its payload."""
-
-    __slots__ = ("payload",)
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-
-
 class _Wire:
     def header(self, topic: str, role: str, schema: dict[str, object]) -> bytes:
         return b"\xc3\x01" + b"\x00" * 8
@@ -145,10 +136,8 @@ def _run(relations: list[bytes], payloads: list[bytes], mock: bool) -> tuple[flo
         assembler.feed(decoder.decode(payload), payload)
     decode = decoder.decode
     feed_batch = assembler.feed_batch
-    batches = [
-        [_Message(p) for p in payloads[first : first + POLL_EVERY]]
-        for first in range(0, len(payloads), POLL_EVERY)
-    ]
+    # What ReplicationStream.read_batch returns: the payloads of up to POLL_EVERY messages.
+    batches = [payloads[first : first + POLL_EVERY] for first in range(0, len(payloads), POLL_EVERY)]
     if mock:  # the topic's metadata, before the clock starts
         producer.produce("app.public.orders", None, b"", [], lambda err, msg: None)
         producer.flush(10.0)

@@ -447,7 +447,7 @@ class Session:
                     # moment: let its next messages gather in the socket. A
                     # flush here would send what is queued as small batches
                     # and wake both sides for every few messages; measured
-                    # on the 1M-row drain, that was a fifth of cdcd's CPU
+                    # on the 1M-row drain, that was a quarter of cdcd's CPU
                     # (docs/performance.md). The flush below still comes
                     # every _CATCH_UP_FLUSH_S, and linger.ms sends meanwhile.
                     self._let_fill(_FILL_WAIT_S)

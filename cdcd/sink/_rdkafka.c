@@ -374,11 +374,10 @@ static PyObject *call_delivered(PyObject *method, size_t count) {
     return result;
 }
 
-/* Reports kept between serves: an array of 65,536 (5 MB) at most is reused.
- * Freeing it after every serve cost more than the reports themselves on the
- * snapshot: a block that large, freed, makes glibc consolidate every small
- * chunk the messages' frees had just binned (malloc_consolidate, 5 % of the
- * snapshot's CPU). */
+/* Reports kept between serves: an array of up to 65,536 (4.7 MB) is reused.
+ * Freed after every serve, a block that large made glibc consolidate the
+ * small chunks the messages' frees had just binned (malloc_consolidate, 5 %
+ * of the samples of a snapshot profile). */
 #define KEEP_REPORTS_CAP ((size_t)1 << 16)
 
 static int serve_reports(Producer *self, PyObject **et, PyObject **ev, PyObject **etb) {

@@ -1137,9 +1137,166 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------- stream Inserts */
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+/* Split one pgoutput Insert of a plain transaction ('I', relation id, 'N',
+ * TupleData; no xid, which only streamed transactions carry) into this
+ * table's fields: OK, or SLOW for anything else — another message or
+ * relation, a column count that does not match, a kind other than text or
+ * null ('b', 'u'), a truncated or overlong message. Nothing is raised here:
+ * the caller stops its run at that message and the Python decoder takes it,
+ * raising the ProtocolError with its offset where the bytes are wrong. */
+static int insert_fields(RowCodec *self, const unsigned char *p, Py_ssize_t n, uint32_t relation_id,
+                         const char **at, Py_ssize_t *size, unsigned char *nulls) {
+    if (n < 8 || p[0] != 'I' || be32(p + 1) != relation_id || p[5] != 'N') {
+        return SLOW;
+    }
+    Py_ssize_t columns = ((Py_ssize_t)p[6] << 8) | (Py_ssize_t)p[7];
+    if (columns != self->count) {
+        return SLOW;
+    }
+    Py_ssize_t pos = 8;
+    for (Py_ssize_t i = 0; i < columns; i++) {
+        if (pos >= n) {
+            return SLOW;
+        }
+        unsigned char kind = p[pos++];
+        if (kind == 'n') {
+            nulls[i] = 1;
+            continue;
+        }
+        if (kind != 't' || n - pos < 4) {
+            return SLOW;
+        }
+        uint32_t len = be32(p + pos);
+        pos += 4;
+        if (len > (uint32_t)INT32_MAX || (Py_ssize_t)len > n - pos) {
+            return SLOW;
+        }
+        nulls[i] = 0;
+        at[i] = (const char *)p + pos;
+        size[i] = (Py_ssize_t)len;
+        pos += (Py_ssize_t)len;
+    }
+    return pos == n ? OK : SLOW;
+}
+
+/* insert_run(batch, start, relation_id, op, stamp, seq) -> (blob, index, end, size):
+ * the Inserts of batch[start:] (a list of pgoutput messages of one plain
+ * transaction) for relation_id, as consecutive changes seq, seq + 1, ...,
+ * packed as copy_reads packs them (key if any, then value; two int32 per
+ * change). It stops at `end`, the first message that is not such an Insert
+ * or that the C encoder leaves to Python (a value a converter refuses, a
+ * null where none may be): that one goes through the decoder and
+ * TableEncoder.change, which raise with their context. `size` is the bytes
+ * of the messages taken. */
+static PyObject *codec_insert_run(RowCodec *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_CheckExact(args[0]) || !PyBytes_CheckExact(args[3]) ||
+        !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) < 8) {
+        PyErr_SetString(PyExc_TypeError, "insert_run(batch: list, start, relation_id, op, stamp, seq)");
+        return NULL;
+    }
+    PyObject *batch = args[0], *op = args[3], *stamp = args[4];
+    PyObject *stamp_parts[3] = {PyTuple_GET_ITEM(stamp, 5), PyTuple_GET_ITEM(stamp, 6),
+                                PyTuple_GET_ITEM(stamp, 7)};
+    for (int i = 0; i < 3; i++) {
+        if (!PyBytes_CheckExact(stamp_parts[i])) {
+            PyErr_SetString(PyExc_TypeError, "insert_run(): not a TxnStamp");
+            return NULL;
+        }
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long relation_id = PyLong_AsUnsignedLong(args[2]);
+    if (relation_id == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long long seq = PyLong_AsLongLong(args[5]);
+    if (seq == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(batch);
+    if (seq < 0 || start < 0 || start > count || relation_id > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "insert_run(): a negative seq, start out of range, or a bad relation id");
+        return NULL;
+    }
+    Py_ssize_t columns = self->count > 0 ? self->count : 1;
+    const char **at = PyMem_Malloc(sizeof(char *) * (size_t)columns);
+    Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)columns);
+    unsigned char *nulls = PyMem_Malloc((size_t)columns);
+    PyObject *out = NULL;
+    Buffer value, key;
+    BytesBuilder blob = {NULL, 0}, index = {NULL, 0};
+    buffer_init(&value);
+    buffer_init(&key);
+    Py_ssize_t end = start, taken_bytes = 0;
+    if (at == NULL || size == NULL || nulls == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (builder_init(&blob, 4096) != OK || builder_init(&index, 256) != OK) {
+        goto done;
+    }
+    for (; end < count; end++, seq++) {
+        PyObject *payload = PyList_GET_ITEM(batch, end);
+        if (!PyBytes_CheckExact(payload)) {
+            break;
+        }
+        Py_ssize_t n = PyBytes_GET_SIZE(payload);
+        if (insert_fields(self, (const unsigned char *)PyBytes_AS_STRING(payload), n,
+                          (uint32_t)relation_id, at, size, nulls) != OK) {
+            break;
+        }
+        int r = copy_read(self, &value, &key, at, size, nulls, op, stamp_parts, seq);
+        if (r == FAIL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                goto done; /* KeyboardInterrupt, SystemExit: not the data's fault */
+            }
+            PyErr_Clear(); /* the Python path redoes the change and raises with its context */
+            break;
+        }
+        if (r != OK) {
+            break;
+        }
+        if (pack_read(&blob, &index, self->key_count ? key.data : NULL, key.size, value.data,
+                      value.size) != OK) {
+            goto done;
+        }
+        taken_bytes += n;
+    }
+    {
+        PyObject *packed = builder_finish(&blob);
+        PyObject *lengths = packed != NULL ? builder_finish(&index) : NULL;
+        if (lengths != NULL) {
+            out = Py_BuildValue("(OOnn)", packed, lengths, end, taken_bytes);
+        }
+        Py_XDECREF(packed);
+        Py_XDECREF(lengths);
+    }
+
+done:
+    Py_XDECREF(blob.bytes);
+    Py_XDECREF(index.bytes);
+    buffer_free(&value);
+    buffer_free(&key);
+    PyMem_Free(at);
+    PyMem_Free(size);
+    PyMem_Free(nulls);
+    return out;
+}
+
 static PyMethodDef codec_methods[] = {
     {"change", (PyCFunction)(void (*)(void))codec_change, METH_FASTCALL,
      "change(op, before, after, stamp, seq) -> (key or None, value), as TableEncoder.change"},
+    {"insert_run", (PyCFunction)(void (*)(void))codec_insert_run, METH_FASTCALL,
+     "insert_run(batch, start, relation_id, op, stamp, seq) -> (blob, index, end, size): "
+     "a plain transaction's Inserts of one table, packed"},
     {"copy_reads", (PyCFunction)(void (*)(void))codec_copy_reads, METH_FASTCALL,
      "copy_reads(data, op, stamp, seq, slow) -> (blob, index): the reads packed"},
     {NULL, NULL, 0, NULL},

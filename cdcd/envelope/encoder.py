@@ -57,10 +57,12 @@ from cdcd.envelope.rowcode import (
     BinaryValueRefused,
     ChangeEncoder,
     CopyReads,
+    InsertRun,
     compile_change_encoder,
     compile_key_encoder,
     compile_row_encoder,
     native_copy_reads,
+    native_insert_run,
 )
 from cdcd.envelope.schemas import envelope_schema, key_schema, value_first
 from cdcd.envelope.wire import WireFormat
@@ -154,6 +156,7 @@ class TableEncoder:
         "_text",
         "copy_reads",
         "encode_change",
+        "insert_run",
         "key_header",
         "key_schema",
         "table",
@@ -221,6 +224,9 @@ class TableEncoder:
         #: COPY text straight to snapshot reads, compiled (None on the pure path,
         #: where ``cdcd.snapshot.rows.encode_reads`` parses and calls change()).
         self.copy_reads: CopyReads | None = native_copy_reads(self.encode_change)
+        #: A plain transaction's Inserts of this table straight from pgoutput
+        #: to packed changes, compiled (None on the pure path).
+        self.insert_run: InsertRun | None = native_insert_run(self.encode_change)
 
     # -- rows -----------------------------------------------------------------
 

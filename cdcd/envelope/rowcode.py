@@ -382,6 +382,23 @@ def compile_change_encoder(
     return cast(ChangeEncoder, codec.change)
 
 
+InsertRun = Callable[[list[bytes], int, int, bytes, Any, int], tuple[bytes, bytes, int, int]]
+"""``insert_run(batch, start, relation_id, op, stamp, seq) -> (blob, index, end, size)``: the
+pgoutput Inserts of one table that start ``batch[start:]``, packed as :class:`PackedReads`
+(``seq`` on), up to ``end``, the first message the C code leaves to the decoder; ``size``
+is the bytes of the messages taken."""
+
+
+def native_insert_run(change: ChangeEncoder) -> InsertRun | None:
+    """The compiled encoder's ``insert_run`` behind ``change``; None on the pure path."""
+    if NATIVE is None:
+        return None
+    codec = getattr(change, "__self__", None)
+    if not isinstance(codec, NATIVE.RowCodec):
+        return None
+    return cast(InsertRun, codec.insert_run)
+
+
 def native_copy_reads(change: ChangeEncoder) -> CopyReads | None:
     """The compiled encoder's ``copy_reads`` behind ``change``; None on the pure path."""
     if NATIVE is None:

@@ -436,6 +436,11 @@ class KafkaSink:
         produce: DirectProduce = self._producer.produce
         return produce
 
+    @property
+    def produces_packed(self) -> bool:
+        """Whether :meth:`produce_list` sends packed changes (``PackedReads``) from C, in one call."""
+        return hasattr(self._producer, "produce_packed")
+
     def produce_list(
         self,
         topic: str,

@@ -57,6 +57,9 @@ class Sink(Producer, Protocol):
 class Stream(Protocol):
     """What a session needs of its replication stream (``cdcd.source.replication``)."""
 
+    #: How long the session pauses while catching up once a read drained the socket.
+    fill_wait_s: float
+
     def start(self, start_lsn: Lsn) -> None: ...
 
     def read_batch(self, limit: int) -> list[bytes]: ...

@@ -87,9 +87,9 @@ _IDLE_WAIT_S = 0.5
 #: A drained read of at least this many messages: a backlog is being worked
 #: off, and the loop only caught up with the walsender for a moment.
 _CATCHING_UP = _POLL_EVERY // 4
-#: While catching up, the loop lets the socket fill for this long instead of
-#: flushing the producer, and flushes at most every _CATCH_UP_FLUSH_S.
-_FILL_WAIT_S = 0.0005
+#: While catching up, the loop lets the socket fill (for the stream's
+#: ``fill_wait_s``) instead of flushing the producer, and flushes at most
+#: every _CATCH_UP_FLUSH_S.
 _CATCH_UP_FLUSH_S = 0.01
 
 
@@ -399,6 +399,7 @@ class Session:
         last_lsn = 0
         last_flush = 0.0
         reply_due = stream.reply_due
+        fill_wait_s = stream.fill_wait_s
         while not stop.is_set():
             batch = read_batch(_POLL_EVERY)
             received += feed_batch(batch, decode)
@@ -450,7 +451,7 @@ class Session:
                     # on the 1M-row drain, that was a quarter of cdcd's CPU
                     # (docs/performance.md). The flush below still comes
                     # every _CATCH_UP_FLUSH_S, and linger.ms sends meanwhile.
-                    self._let_fill(_FILL_WAIT_S)
+                    self._let_fill(fill_wait_s)
                 elif tracker.in_flight:
                     # Caught up with the walsender: send what is queued now
                     # (flush() overrides linger.ms while it runs) and serve its

@@ -177,6 +177,7 @@ class ScriptedStream:
     _data_start: int = 0
     _wal_end: int = 0
     _closed: bool = False
+    fill_wait_s: float = 0.0005
     statuses: list[tuple[int, int]] = field(default_factory=list)
 
     def start(self, start_lsn: Lsn) -> None:
@@ -428,7 +429,7 @@ def test_a_backlog_lets_the_socket_fill_instead_of_flushing_each_read(
     loop_flush = f"flush {session_module._IN_FLIGHT_WAIT_S}"  # schemas flush on their own
     first_idle = events.index("read 0")
     backlog = events[:first_idle]
-    assert backlog.count(f"fill {session_module._FILL_WAIT_S}") >= 3
+    assert backlog.count("fill 0.0005") >= 3  # the stream's fill_wait_s
     assert loop_flush not in backlog
     assert loop_flush in events[first_idle:]  # caught up: what lingers is sent at once
 

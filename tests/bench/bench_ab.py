@@ -42,7 +42,7 @@ from cdcd.tools.bench.workload import connect, current_lsn, drop_slot, environme
 
 #: What a run does in its own process, with the tree's cdcd on its path.
 RUN = """
-import json, os, signal, subprocess, sys, time
+import json, os, resource, signal, subprocess, sys, time
 from cdcd.tools.bench import session
 task = json.loads(sys.argv[1])
 rows = task["rows"]
@@ -51,6 +51,7 @@ if task["perf"]:
     perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "-p", str(os.getpid()), "-o", task["perf"]],
                             stdout=subprocess.DEVNULL)
     time.sleep(0.5)  # attached to every thread before the run starts
+usage = resource.getrusage(resource.RUSAGE_SELF)
 if task["phase"] == "drain":
     session.CDCD_SLOT = task["slot"]
     run = session.cdcd_rate(task["dsn"], task["bootstrap"], task["end"])
@@ -63,6 +64,10 @@ else:
     run = session.initial_snapshot(task["dsn"], task["bootstrap"], rows, connections=1)
     out = {"rows_per_s": round(rows / run.seconds), "cdcd_us": run.cdcd_cpu_s / rows * 1e6,
            "server_us": run.server_cpu_s / rows * 1e6}
+after = resource.getrusage(resource.RUSAGE_SELF)
+# Per 1,000 rows, over the whole run (setup included): page faults and context switches.
+out["minflt_k"] = (after.ru_minflt - usage.ru_minflt) / rows * 1e3
+out["ctxsw_k"] = (after.ru_nvcsw + after.ru_nivcsw - usage.ru_nvcsw - usage.ru_nivcsw) / rows * 1e3
 if perf is not None:
     perf.send_signal(signal.SIGINT)
     perf.wait()

@@ -39,6 +39,7 @@ from cdcd.envelope.rowcode import PackedReads
 from cdcd.envelope.wire import SingleObjectFormat
 from cdcd.errors import DefiniteError, ProtocolError
 from cdcd.naming import LSN_HEADER, SEQ_HEADER
+from cdcd.observability.metrics import Metrics
 from cdcd.pipeline import publisher as publisher_module
 from cdcd.pipeline.publisher import Publisher
 from cdcd.pipeline.transactions import TransactionAssembler
@@ -210,12 +211,16 @@ class _PackedSink(RecordingSink):
             self.direct.append((topic, key, value, headers, on_delivery))
 
 
-def _feed(sink: RecordingSink, payloads: list[bytes]) -> tuple[list[Any], BaseException | None]:
+def _feed(sink: RecordingSink, payloads: list[bytes]) -> tuple[list[Any], BaseException | None, Any]:
+    """What the publisher produced from ``payloads`` through ``feed_batch`` (topic, key,
+    value, headers), the error it raised, and its cdcd_events_total by (table, op)."""
     tracker = AckTracker(Lsn(0), classify=classify_delivery_report)
     wire = SingleObjectFormat(lambda fingerprint, text: None)
+    metrics = Metrics(process_collectors=False)
     publisher = Publisher(
         sink, tracker, EnvelopeEncoder("pg", "app", wire), wire,
         include=lambda schema, table: table != "skipped", ensure_topic=lambda topic: None,
+        metrics=metrics,
     )  # fmt: skip
     assembler = TransactionAssembler(RelationCache(StaticCatalog()), publisher)
     decode = PgOutputDecoder(1).decode
@@ -225,7 +230,8 @@ def _feed(sink: RecordingSink, payloads: list[bytes]) -> tuple[list[Any], BaseEx
     except DefiniteError as exc:
         error = exc
     produced = [(topic, key, value, headers) for topic, key, value, headers, _ in sink.direct + sink.sent]
-    return produced, error
+    publisher.flush_metrics()
+    return produced, error, metrics.events_by_table_op()
 
 
 def _relation(relid: int, name: str) -> bytes:
@@ -264,8 +270,10 @@ def test_a_mixed_transaction_produces_the_same_messages_with_and_without_runs() 
     with_runs = _feed(packed, payloads)
     without_runs = _feed(RecordingSink(direct=True), payloads)
     assert with_runs == without_runs
-    assert with_runs[1] is None
-    assert len(with_runs[0]) == 5 + 1 + 1 + 3 + 3 + 2 + 1 + 4  # the delete with its tombstone
+    produced, error, events = with_runs
+    assert error is None
+    assert len(produced) == 5 + 1 + 1 + 3 + 3 + 2 + 1 + 4  # the delete with its tombstone
+    assert events == {("public.a", "c"): 10, ("public.a", "u"): 1, ("public.b", "c"): 7, ("public.b", "d"): 1}
     assert packed.lists == [6, 3, 3, 1, 4]  # the runs, each in one call: a null is no stop
 
 
@@ -273,8 +281,8 @@ def test_a_row_the_encoder_refuses_fails_the_same_with_and_without_runs() -> Non
     a = 16_500
     refused = TupleData(b"nnt", (None, None, b"1"))  # a null key: change() refuses it, naming it
     payloads = [_relation(a, "a"), *_transaction(7, [insert(_row(1), a), insert(refused, a)])]
-    with_runs, error = _feed(_PackedSink(), payloads)
-    without_runs, reference = _feed(RecordingSink(direct=True), payloads)
+    with_runs, error, _ = _feed(_PackedSink(), payloads)
+    without_runs, reference, _ = _feed(RecordingSink(direct=True), payloads)
     assert error is not None and reference is not None
     assert (type(error), str(error), error.hint) == (type(reference), str(reference), reference.hint)
     assert with_runs == without_runs and len(with_runs) == 1
@@ -285,6 +293,6 @@ def test_a_truncated_insert_in_a_run_is_refused_with_its_offset() -> None:
     cut = insert(_row(2), a)[:-3]
     payloads = [_relation(a, "a"), *_transaction(7, [insert(_row(1), a), cut])]
     sink = _PackedSink()
-    _, refused = _feed(sink, payloads)
+    _, refused, _ = _feed(sink, payloads)
     assert isinstance(refused, ProtocolError) and refused.offset > 0
     assert sink.lists == [1]  # the good one went, the cut one was never skipped silently

@@ -55,7 +55,7 @@ from cdcd.envelope.records import (
     TRANSACTION_VALUE_SCHEMA,
     encode_record,
 )
-from cdcd.envelope.rowcode import Message, PackedReads
+from cdcd.envelope.rowcode import NATIVE, Message, PackedReads
 from cdcd.envelope.wire import WireFormat
 from cdcd.errors import DefiniteError
 from cdcd.naming import (
@@ -172,9 +172,10 @@ class Publisher:
         self._on_delivery: Callable[[Any, Any], None] | None = None
         self._lsn_header: tuple[str, bytes] = (LSN_HEADER, b"")
         self._direct: DirectProduce | None = None
-        # Runs of Inserts go from pgoutput to Kafka in C (insert_run) when the
-        # sink sends packed changes from C too.
-        self._runs = bool(getattr(producer, "produces_packed", False))
+        #: Whether runs of Inserts go from pgoutput to Kafka in C
+        #: (:meth:`insert_run`): the compiled encoder, and a sink that sends
+        #: packed changes from C too.
+        self.takes_insert_runs = NATIVE is not None and bool(getattr(producer, "produces_packed", False))
         self._holds: dict[str, Hold] = {}
         self._included: dict[tuple[int, int, bool], TableEncoder | None] = {}
         # The table of the previous row, its encoder and its counts:
@@ -432,7 +433,7 @@ class Publisher:
         (anything but an Insert of this table, a value the C code leaves to
         Python), so errors come from there, with their context.
         """
-        if not self._runs or self._watch_relid is not None:
+        if not self.takes_insert_runs or self._watch_relid is not None:
             return start, 0
         encoder = self._last_encoder if table is self._last_table else self._table(table)
         ticket, stamp = self._ticket, self._stamp

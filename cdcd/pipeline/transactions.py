@@ -278,7 +278,7 @@ class TransactionAssembler:
         # A run of Inserts of one table goes to the sink in one call where it
         # takes them from the bytes (Publisher.insert_run); it stops at the
         # first message it leaves to the decoder.
-        insert_run = getattr(sink, "insert_run", None)
+        insert_run = getattr(sink, "insert_run", None) if getattr(sink, "takes_insert_runs", False) else None
         i, count = 0, len(batch)
         while i < count:
             payload = batch[i]

@@ -1018,6 +1018,86 @@ static int pack_read(BytesBuilder *blob, BytesBuilder *index, const char *key, P
     return OK;
 }
 
+/* What copy_reads and insert_run share: a row's fields (where each starts,
+ * its length, whether it is null), the envelope and key being written, and
+ * the packed output. */
+typedef struct {
+    const char **at;
+    Py_ssize_t *size;
+    unsigned char *nulls;
+    PyObject *stamp_parts[3]; /* the TxnStamp's pre-encoded source fields */
+    Buffer value, key;
+    BytesBuilder blob, index;
+} Packer;
+
+static int packer_init(Packer *k, RowCodec *self, PyObject *stamp, Py_ssize_t blob_capacity,
+                       Py_ssize_t index_capacity, const char *what) {
+    k->at = NULL;
+    k->size = NULL;
+    k->nulls = NULL;
+    k->blob = (BytesBuilder){NULL, 0};
+    k->index = (BytesBuilder){NULL, 0};
+    buffer_init(&k->value);
+    buffer_init(&k->key);
+    if (!PyTuple_Check(stamp) || PyTuple_GET_SIZE(stamp) < 8) {
+        PyErr_Format(PyExc_TypeError, "%s(): not a TxnStamp", what);
+        return FAIL;
+    }
+    for (int i = 0; i < 3; i++) {
+        k->stamp_parts[i] = PyTuple_GET_ITEM(stamp, 5 + i);
+        if (!PyBytes_CheckExact(k->stamp_parts[i])) {
+            PyErr_Format(PyExc_TypeError, "%s(): not a TxnStamp", what);
+            return FAIL;
+        }
+    }
+    Py_ssize_t columns = self->count > 0 ? self->count : 1;
+    k->at = PyMem_Malloc(sizeof(char *) * (size_t)columns);
+    k->size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)columns);
+    k->nulls = PyMem_Malloc((size_t)columns);
+    if (k->at == NULL || k->size == NULL || k->nulls == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    return builder_init(&k->blob, blob_capacity) == OK && builder_init(&k->index, index_capacity) == OK
+               ? OK : FAIL;
+}
+
+/* The fields in k->at/size/nulls as the change seq, into k->key and k->value:
+ * OK, SLOW (left to Python) or FAIL (an exception is set). */
+static int packer_read(Packer *k, RowCodec *self, PyObject *op, long long seq) {
+    return copy_read(self, &k->value, &k->key, k->at, k->size, k->nulls, op, k->stamp_parts, seq);
+}
+
+/* The change packer_read wrote, appended to the output. */
+static int packer_pack(Packer *k, RowCodec *self) {
+    return pack_read(&k->blob, &k->index, self->key_count ? k->key.data : NULL, k->key.size,
+                     k->value.data, k->value.size);
+}
+
+/* The packed reads as (blob, index, *extra): a new tuple, or NULL. */
+static PyObject *packer_finish(Packer *k, const char *extra_format, Py_ssize_t a, Py_ssize_t b) {
+    PyObject *packed = builder_finish(&k->blob);
+    PyObject *lengths = packed != NULL ? builder_finish(&k->index) : NULL;
+    PyObject *out = NULL;
+    if (lengths != NULL) {
+        out = extra_format ? Py_BuildValue(extra_format, packed, lengths, a, b)
+                           : PyTuple_Pack(2, packed, lengths);
+    }
+    Py_XDECREF(packed);
+    Py_XDECREF(lengths);
+    return out;
+}
+
+static void packer_free(Packer *k) {
+    Py_XDECREF(k->blob.bytes);
+    Py_XDECREF(k->index.bytes);
+    buffer_free(&k->value);
+    buffer_free(&k->key);
+    PyMem_Free(k->at);
+    PyMem_Free(k->size);
+    PyMem_Free(k->nulls);
+}
+
 /* copy_reads(data, op, stamp, seq, slow) -> (blob, index): every line of
  * `data` (COPY text output, whole lines) as a snapshot read with ordinals
  * seq, seq + 1, ...; a line it does not take on goes to slow(line, seq) ->
@@ -1032,18 +1112,9 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     PyObject *data = args[0], *op = args[1], *stamp = args[2], *slow = args[4];
-    if (!PyBytes_CheckExact(data) || !PyBytes_CheckExact(op) || !PyTuple_Check(stamp) ||
-        PyTuple_GET_SIZE(stamp) < 8 || !PyLong_CheckExact(args[3])) {
+    if (!PyBytes_CheckExact(data) || !PyBytes_CheckExact(op) || !PyLong_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "copy_reads(): bad argument types");
         return NULL;
-    }
-    PyObject *stamp_parts[3] = {PyTuple_GET_ITEM(stamp, 5), PyTuple_GET_ITEM(stamp, 6),
-                                PyTuple_GET_ITEM(stamp, 7)};
-    for (int i = 0; i < 3; i++) {
-        if (!PyBytes_CheckExact(stamp_parts[i])) {
-            PyErr_SetString(PyExc_TypeError, "copy_reads(): not a TxnStamp");
-            return NULL;
-        }
     }
     long long seq = PyLong_AsLongLong(args[3]);
     if (seq == -1 && PyErr_Occurred()) {
@@ -1055,22 +1126,11 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_ValueError, "copy_reads(): a negative seq, or not whole lines");
         return NULL;
     }
-    Py_ssize_t columns = self->count > 0 ? self->count : 1;
-    const char **at = PyMem_Malloc(sizeof(char *) * (size_t)columns);
-    Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)columns);
-    unsigned char *nulls = PyMem_Malloc((size_t)columns);
     PyObject *out = NULL;
-    Buffer value, key;
-    BytesBuilder blob = {NULL, 0}, index = {NULL, 0};
-    buffer_init(&value);
-    buffer_init(&key);
-    if (at == NULL || size == NULL || nulls == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    Packer k;
     /* An envelope is about as long as its COPY line plus the source block:
      * room for most chunks at once. */
-    if (builder_init(&blob, n * 2) != OK || builder_init(&index, 1024) != OK) {
+    if (packer_init(&k, self, stamp, n * 2, 1024, "copy_reads") != OK) {
         goto done;
     }
     for (Py_ssize_t pos = 0; pos < n; seq++) {
@@ -1078,13 +1138,12 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
         const char *newline = memchr(line, '\n', (size_t)(n - pos));
         Py_ssize_t len = newline - line;
         pos += len + 1;
-        int r = copy_fields(self, line, len, at, size, nulls);
+        int r = copy_fields(self, line, len, k.at, k.size, k.nulls);
         if (r == OK) {
-            r = copy_read(self, &value, &key, at, size, nulls, op, stamp_parts, seq);
+            r = packer_read(&k, self, op, seq);
         }
         if (r == OK) {
-            if (pack_read(&blob, &index, self->key_count ? key.data : NULL, key.size, value.data,
-                          value.size) != OK) {
+            if (packer_pack(&k, self) != OK) {
                 goto done;
             }
             continue;
@@ -1104,36 +1163,26 @@ static PyObject *codec_copy_reads(RowCodec *self, PyObject *const *args, Py_ssiz
         if (pair == NULL) {
             goto done;
         }
-        PyObject *k = PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2
-                          ? PyTuple_GET_ITEM(pair, 0) : NULL;
-        PyObject *v = k != NULL ? PyTuple_GET_ITEM(pair, 1) : NULL;
-        if (k == NULL || !PyBytes_CheckExact(v) || (k != Py_None && !PyBytes_CheckExact(k))) {
+        PyObject *key = PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2
+                            ? PyTuple_GET_ITEM(pair, 0) : NULL;
+        PyObject *value = key != NULL ? PyTuple_GET_ITEM(pair, 1) : NULL;
+        if (key == NULL || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))) {
             Py_DECREF(pair);
             PyErr_SetString(PyExc_TypeError, "copy_reads(): slow() must return (key, value)");
             goto done;
         }
-        r = pack_read(&blob, &index, k == Py_None ? NULL : PyBytes_AS_STRING(k),
-                      k == Py_None ? 0 : PyBytes_GET_SIZE(k), PyBytes_AS_STRING(v),
-                      PyBytes_GET_SIZE(v));
+        r = pack_read(&k.blob, &k.index, key == Py_None ? NULL : PyBytes_AS_STRING(key),
+                      key == Py_None ? 0 : PyBytes_GET_SIZE(key), PyBytes_AS_STRING(value),
+                      PyBytes_GET_SIZE(value));
         Py_DECREF(pair);
         if (r != OK) {
             goto done;
         }
     }
-    PyObject *packed = builder_finish(&blob);
-    PyObject *lengths = packed != NULL ? builder_finish(&index) : NULL;
-    out = lengths != NULL ? PyTuple_Pack(2, packed, lengths) : NULL;
-    Py_XDECREF(packed);
-    Py_XDECREF(lengths);
+    out = packer_finish(&k, NULL, 0, 0);
 
 done:
-    Py_XDECREF(blob.bytes);
-    Py_XDECREF(index.bytes);
-    buffer_free(&value);
-    buffer_free(&key);
-    PyMem_Free(at);
-    PyMem_Free(size);
-    PyMem_Free(nulls);
+    packer_free(&k);
     return out;
 }
 
@@ -1195,20 +1244,11 @@ static int insert_fields(RowCodec *self, const unsigned char *p, Py_ssize_t n, u
  * TableEncoder.change, which raise with their context. `size` is the bytes
  * of the messages taken. */
 static PyObject *codec_insert_run(RowCodec *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyList_CheckExact(args[0]) || !PyBytes_CheckExact(args[3]) ||
-        !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) < 8) {
-        PyErr_SetString(PyExc_TypeError, "insert_run(batch: list, start, relation_id, op, stamp, seq)");
+    if (nargs != 6 || !PyList_CheckExact(args[0]) || !PyBytes_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "insert_run(batch: list, start, relation_id, op: bytes, stamp, seq)");
         return NULL;
     }
-    PyObject *batch = args[0], *op = args[3], *stamp = args[4];
-    PyObject *stamp_parts[3] = {PyTuple_GET_ITEM(stamp, 5), PyTuple_GET_ITEM(stamp, 6),
-                                PyTuple_GET_ITEM(stamp, 7)};
-    for (int i = 0; i < 3; i++) {
-        if (!PyBytes_CheckExact(stamp_parts[i])) {
-            PyErr_SetString(PyExc_TypeError, "insert_run(): not a TxnStamp");
-            return NULL;
-        }
-    }
+    PyObject *batch = args[0], *op = args[3];
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     if (start == -1 && PyErr_Occurred()) {
         return NULL;
@@ -1226,21 +1266,10 @@ static PyObject *codec_insert_run(RowCodec *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_ValueError, "insert_run(): a negative seq, start out of range, or a bad relation id");
         return NULL;
     }
-    Py_ssize_t columns = self->count > 0 ? self->count : 1;
-    const char **at = PyMem_Malloc(sizeof(char *) * (size_t)columns);
-    Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)columns);
-    unsigned char *nulls = PyMem_Malloc((size_t)columns);
     PyObject *out = NULL;
-    Buffer value, key;
-    BytesBuilder blob = {NULL, 0}, index = {NULL, 0};
-    buffer_init(&value);
-    buffer_init(&key);
     Py_ssize_t end = start, taken_bytes = 0;
-    if (at == NULL || size == NULL || nulls == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (builder_init(&blob, 4096) != OK || builder_init(&index, 256) != OK) {
+    Packer k;
+    if (packer_init(&k, self, args[4], 4096, 256, "insert_run") != OK) {
         goto done;
     }
     for (; end < count; end++, seq++) {
@@ -1250,10 +1279,10 @@ static PyObject *codec_insert_run(RowCodec *self, PyObject *const *args, Py_ssiz
         }
         Py_ssize_t n = PyBytes_GET_SIZE(payload);
         if (insert_fields(self, (const unsigned char *)PyBytes_AS_STRING(payload), n,
-                          (uint32_t)relation_id, at, size, nulls) != OK) {
+                          (uint32_t)relation_id, k.at, k.size, k.nulls) != OK) {
             break;
         }
-        int r = copy_read(self, &value, &key, at, size, nulls, op, stamp_parts, seq);
+        int r = packer_read(&k, self, op, seq);
         if (r == FAIL) {
             if (!PyErr_ExceptionMatches(PyExc_Exception)) {
                 goto done; /* KeyboardInterrupt, SystemExit: not the data's fault */
@@ -1264,30 +1293,15 @@ static PyObject *codec_insert_run(RowCodec *self, PyObject *const *args, Py_ssiz
         if (r != OK) {
             break;
         }
-        if (pack_read(&blob, &index, self->key_count ? key.data : NULL, key.size, value.data,
-                      value.size) != OK) {
+        if (packer_pack(&k, self) != OK) {
             goto done;
         }
         taken_bytes += n;
     }
-    {
-        PyObject *packed = builder_finish(&blob);
-        PyObject *lengths = packed != NULL ? builder_finish(&index) : NULL;
-        if (lengths != NULL) {
-            out = Py_BuildValue("(OOnn)", packed, lengths, end, taken_bytes);
-        }
-        Py_XDECREF(packed);
-        Py_XDECREF(lengths);
-    }
+    out = packer_finish(&k, "(OOnn)", end, taken_bytes);
 
 done:
-    Py_XDECREF(blob.bytes);
-    Py_XDECREF(index.bytes);
-    buffer_free(&value);
-    buffer_free(&key);
-    PyMem_Free(at);
-    PyMem_Free(size);
-    PyMem_Free(nulls);
+    packer_free(&k);
     return out;
 }
 

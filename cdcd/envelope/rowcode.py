@@ -389,21 +389,21 @@ pgoutput Inserts of one table that start ``batch[start:]``, packed as :class:`Pa
 is the bytes of the messages taken."""
 
 
-def native_insert_run(change: ChangeEncoder) -> InsertRun | None:
-    """The compiled encoder's ``insert_run`` behind ``change``; None on the pure path."""
+def _codec_method(change: ChangeEncoder, name: str) -> Any:
+    """Method ``name`` of the compiled encoder behind ``change``; None on the pure path."""
     if NATIVE is None:
         return None
     codec = getattr(change, "__self__", None)
     if not isinstance(codec, NATIVE.RowCodec):
         return None
-    return cast(InsertRun, codec.insert_run)
+    return getattr(codec, name)
+
+
+def native_insert_run(change: ChangeEncoder) -> InsertRun | None:
+    """The compiled encoder's ``insert_run`` behind ``change``; None on the pure path."""
+    return cast(InsertRun | None, _codec_method(change, "insert_run"))
 
 
 def native_copy_reads(change: ChangeEncoder) -> CopyReads | None:
     """The compiled encoder's ``copy_reads`` behind ``change``; None on the pure path."""
-    if NATIVE is None:
-        return None
-    codec = getattr(change, "__self__", None)
-    if not isinstance(codec, NATIVE.RowCodec):
-        return None
-    return cast(CopyReads, codec.copy_reads)
+    return cast(CopyReads | None, _codec_method(change, "copy_reads"))

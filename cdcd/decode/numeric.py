@@ -74,7 +74,7 @@ def _numeric_text_unscaled(value: bytes, scale: int) -> int:
     """Decimal text to its unscaled integer at ``scale`` (>= 0); never rounds."""
     dot = value.find(b".")
     if dot < 0:
-        if value[-1] > 0x39:  # NaN, Infinity, -Infinity
+        if value[-1:] > b"9":  # NaN, Infinity, -Infinity (an empty text: int() refuses it)
             raise ValueError(f"numeric {value.decode()} is not representable as an Avro decimal")
         return int(value) * _pow10(scale)
     frac = len(value) - dot - 1

@@ -310,7 +310,7 @@ def test_decimal_values(precision: int, scale: int, text: bytes, expected: Decim
     assert got.as_tuple().exponent == -max(scale, 0)
 
 
-@pytest.mark.parametrize("text", [b"NaN", b"Infinity", b"-Infinity", b"1.234", b"1000.00", b"abc"])
+@pytest.mark.parametrize("text", [b"NaN", b"Infinity", b"-Infinity", b"1.234", b"1000.00", b"abc", b""])
 def test_decimal_unrepresentable(text: bytes) -> None:
     codec = codec_for(NUMERIC, typmod(5, 2))
     with pytest.raises(ValueError):

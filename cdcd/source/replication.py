@@ -116,7 +116,12 @@ def limit_local_receive_buffer(fd: int, size: int = LOCAL_RECEIVE_BUFFER_BYTES) 
     with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: closing it leaves fd open
         if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
             return False
-        host = sock.getpeername()[0]
+        try:
+            host = sock.getpeername()[0]
+        except OSError:
+            # Already disconnected: the stream's first read reports that,
+            # classified; the buffer does not matter then.
+            return False
         address = ipaddress.ip_address(host.split("%", 1)[0])
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped

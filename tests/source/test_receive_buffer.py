@@ -102,3 +102,9 @@ def test_a_replication_connection_to_this_host_pauses_for_the_small_buffer(pg: P
         assert stream.fill_wait_s == LOCAL_FILL_WAIT_S > REMOTE_FILL_WAIT_S
     finally:
         stream.close()
+
+
+def test_a_socket_already_disconnected_is_left_alone() -> None:
+    """The server went away between connecting and this: the stream's first read reports it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as unconnected:
+        assert not limit_local_receive_buffer(unconnected.fileno())

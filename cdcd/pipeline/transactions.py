@@ -283,7 +283,7 @@ class TransactionAssembler:
         while i < count:
             payload = batch[i]
             i += 1
-            if payload[:1] == b"I" and insert_run is not None and self._in_plain is not None:
+            if insert_run is not None and payload[:1] == b"I" and self._in_plain is not None:
                 table = tables.get(int.from_bytes(payload[1:5], "big"))
                 if table is not None:
                     end, size = insert_run(table, batch, i - 1)
